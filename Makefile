@@ -1,0 +1,21 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both run the same idempotent set-up first (venv, packages, model); a second run installs nothing.
+PY      ?= python3.11
+VENV    ?= .venv
+export TEOLA_VENV := $(VENV)
+
+.PHONY: demo test setup bench clean-venv
+setup:
+	@PY=$(PY) bash scripts/setup_env.sh
+
+demo: setup
+	@. scripts/runtime_env.sh && $(VENV)/bin/teola demo
+
+test: setup
+	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
+
+bench: setup
+	@. scripts/runtime_env.sh && $(VENV)/bin/python scripts/bench_engines.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,124 @@
+"""The primitive vocabulary: one :class:`OpSpec` per :class:`Op`.
+
+A spec is everything a pass or a scheduler may assume about an op without running it:
+its ports, the engine kind that serves it, and the algebraic flags passes rely on.
+
+The splitting law. A *splittable* op is an elementwise map over its ``split_inputs``
+(other inputs are broadcast to every shard)::
+
+    f(xs) == concat(f(xs[a:b]) for consecutive shards [a:b] of xs)
+
+for every ``split_outputs`` port, and its other outputs are shard-invariant handles
+(the same value from every shard, e.g. the INDEX that ``vector_insert`` wrote into).
+Several split inputs / outputs of one op are aligned element by element.
+Stage decomposition and decode pipelining are only correct because of this law, so a
+new op may claim ``splittable`` only if it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping
+
+from .ports import PortType as T
+
+
+class Op(StrEnum):
+    CHUNK = "chunk"
+    EMBED = "embed"
+    VECTOR_INSERT = "vector_insert"
+    VECTOR_SEARCH = "vector_search"
+    RERANK = "rerank"
+    SEARCH = "search"
+    LLM_PARTIAL_PREFILL = "llm_partial_prefill"
+    LLM_PREFILL = "llm_prefill"
+    LLM_DECODE = "llm_decode"
+    AGGREGATE = "aggregate"
+    FORMAT = "format"
+    OPAQUE = "opaque"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: Op
+    inputs: Mapping[str, T]
+    outputs: Mapping[str, T]
+    engine: str  # default engine kind: cpu, embedder, vector_store, reranker, search, llm
+    variadic_inputs: bool = False  # any input port names (all typed ANY)
+    variadic_outputs: bool = False  # output port names given per primitive (typed VALUE)
+    batchable: bool = False  # several queries' requests can share one engine call
+    splittable: bool = False  # elementwise over split_inputs (see module docstring)
+    split_inputs: tuple[str, ...] = ()
+    split_outputs: tuple[str, ...] = ()
+    streamable: bool = False  # emits items before it completes
+    pure: bool = True  # no side effects: may be merged, reordered, or dropped if unused
+    doc: str = field(default="", compare=False)
+
+    @property
+    def variadic(self) -> bool:
+        return self.variadic_inputs
+
+    def input_type(self, port: str) -> T | None:
+        """Type of an input port, ``None`` if the op has no such port."""
+        return T.ANY if self.variadic_inputs else self.inputs.get(port)
+
+    def output_type(self, port: str) -> T | None:
+        return T.VALUE if self.variadic_outputs else self.outputs.get(port)
+
+
+def _spec(op: Op, inputs: dict[str, T], outputs: dict[str, T], engine: str, **flags) -> OpSpec:
+    return OpSpec(op, MappingProxyType(inputs), MappingProxyType(outputs), engine, **flags)
+
+
+OPS: Mapping[Op, OpSpec] = MappingProxyType({
+    s.op: s
+    for s in (
+        # chunk also emits the chunks' texts so embed needs no DOCS->TEXTS conversion.
+        _spec(Op.CHUNK, {"docs": T.DOCS}, {"chunks": T.DOCS, "texts": T.TEXTS}, "cpu",
+              splittable=True, split_inputs=("docs",), split_outputs=("chunks", "texts"),
+              doc="split documents into chunks"),
+        _spec(Op.EMBED, {"texts": T.TEXTS}, {"vectors": T.VECTORS}, "embedder",
+              batchable=True, splittable=True, split_inputs=("texts",), split_outputs=("vectors",),
+              doc="embed each text"),
+        _spec(Op.VECTOR_INSERT, {"index": T.INDEX, "vectors": T.VECTORS, "docs": T.DOCS},
+              {"index": T.INDEX}, "vector_store", batchable=True, splittable=True,
+              split_inputs=("vectors", "docs"), pure=False,
+              doc="insert (vector, doc) pairs; the output handle proves the data is in"),
+        _spec(Op.VECTOR_SEARCH, {"index": T.INDEX, "vectors": T.VECTORS}, {"hits": T.HITS_LIST},
+              "vector_store", batchable=True, splittable=True, split_inputs=("vectors",),
+              split_outputs=("hits",), doc="nearest neighbours, one ranked list per vector"),
+        _spec(Op.RERANK, {"query": T.TEXT, "hits": T.HITS}, {"hits": T.HITS}, "reranker",
+              batchable=True, doc="re-score hits against the query, keep the best"),
+        _spec(Op.SEARCH, {"queries": T.TEXTS}, {"hits": T.HITS_LIST}, "search", batchable=True,
+              splittable=True, split_inputs=("queries",), split_outputs=("hits",),
+              doc="keyword / web-style search, one ranked list per query"),
+        _spec(Op.FORMAT, {}, {"prompt": T.PROMPT}, "cpu", variadic_inputs=True,
+              doc="render a prompt template (attrs['parts'])"),
+        _spec(Op.LLM_PARTIAL_PREFILL, {"prompt": T.PROMPT}, {"done": T.SIGNAL}, "llm",
+              batchable=True, doc="prefill a known prompt prefix into the prefix cache"),
+        _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT}, {"state": T.LLM_STATE}, "llm",
+              batchable=True, doc="prefill the full prompt"),
+        _spec(Op.LLM_DECODE, {"state": T.LLM_STATE}, {"text": T.TEXT, "items": T.TEXTS}, "llm",
+              streamable=True, doc="generate; attrs['parse'] splits the text into items"),
+        _spec(Op.AGGREGATE, {}, {"out": T.ANY}, "cpu", variadic_inputs=True,
+              doc="merge inputs (attrs['mode']: concat, union, topk, rrf, join, pick, list)"),
+        # Impure by default: we cannot see inside; attrs['pure']=True opts in.
+        _spec(Op.OPAQUE, {}, {}, "cpu", variadic_inputs=True, variadic_outputs=True, pure=False,
+              doc="call a framework component unchanged"),
+    )
+})
+
+
+def spec_of(op: Op | str) -> OpSpec:
+    """The spec of ``op``; ``KeyError`` for an unknown op."""
+    return OPS[Op(op)]
+
+
+def parse_op(op: Op | str) -> Op | None:
+    """``op`` as an :class:`Op`, or ``None`` if it names no op."""
+    try:
+        return Op(op)
+    except ValueError:
+        return None

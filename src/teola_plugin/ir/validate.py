@@ -1,0 +1,70 @@
+"""Graph well-formedness. Every error names the offending primitive (and its origin)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import GraphValidationError
+from .node import INPUT, Primitive
+from .ops import Op
+from .ports import PortType, compatible
+from .semantics import AGGREGATE_MODES, template_vars
+
+if TYPE_CHECKING:
+    from .graph import PGraph
+
+
+def validate(graph: PGraph) -> None:
+    for prim in graph._prims.values():
+        _check_primitive(graph, prim)
+    for name, ref in graph.outputs.items():
+        if _source_type(graph, ref) is None:
+            raise GraphValidationError(
+                f"graph output {name!r} refers to {ref}, which does not exist", node=ref.node)
+    graph.topological_order()  # raises, naming the nodes on a cycle
+
+
+def _fail(prim: Primitive, message: str) -> GraphValidationError:
+    return GraphValidationError(f"{prim.describe()}: {message}", node=prim.name)
+
+
+def _source_type(graph: PGraph, ref) -> PortType | None:
+    if ref.node == INPUT:
+        return graph._inputs.get(ref.port)
+    producer = graph._prims.get(ref.node)
+    return producer.output_type(ref.port) if producer is not None else None
+
+
+def _check_primitive(graph: PGraph, prim: Primitive) -> None:
+    if not isinstance(prim.op, Op):
+        raise _fail(prim, f"unknown op {prim.op!r}")
+    spec = prim.spec
+    for port, ref in prim.inputs.items():
+        want = spec.input_type(port)
+        if want is None:
+            raise _fail(prim, f"{prim.op} has no input port {port!r} (ports: {', '.join(spec.inputs)})")
+        have = _source_type(graph, ref)
+        if have is None:
+            if ref.node == INPUT:
+                what = f"undeclared graph input {ref.port!r}"
+            elif ref.node not in graph._prims:
+                what = f"non-existent node {ref.node!r}"
+            else:
+                outs = ", ".join(graph._prims[ref.node].outputs)
+                what = f"{ref.node!r}, which has no output port {ref.port!r} (it has {outs})"
+            raise _fail(prim, f"input port {port!r} is bound to {what}")
+        if not compatible(have, want):
+            raise _fail(prim, f"input port {port!r} expects {want} but {ref} is {have}")
+    for port in spec.inputs:
+        if port not in prim.inputs:
+            raise _fail(prim, f"required input port {port!r} is unbound")
+    for target in sorted(prim.after):
+        if target not in graph._prims:
+            raise _fail(prim, f"waits (after) on unknown node {target!r}")
+    if prim.op is Op.FORMAT:
+        missing = [v for v in template_vars(prim.attrs.get("parts", ())) if v not in prim.inputs]
+        if missing:
+            raise _fail(prim, f"template uses {missing} but no input port has that name")
+    if prim.op is Op.AGGREGATE and prim.attrs.get("mode", "concat") not in AGGREGATE_MODES:
+        raise _fail(prim, f"unknown aggregate mode {prim.attrs.get('mode')!r} "
+                          f"(known: {', '.join(AGGREGATE_MODES)})")
