@@ -2,28 +2,37 @@
 
     g = PGraph()
     q = g.input("question", PortType.TEXT)
-    e = g.add(Op.EMBED, inputs={"texts": ...})
+    batch = g.add(Op.AGGREGATE, inputs={"in0": q}, attrs={"mode": "list"})
+    e = g.add(Op.EMBED, inputs={"texts": batch.out()})
     g.output("vectors", e.out("vectors"))
 
-The primitives are the single source of truth: each one names its data inputs (``Ref``)
-and its control dependencies (``after``). The graph keeps the reverse index (who reads
-each output, who waits on each node) so consumers, replacement and removal cost O(degree),
-and caches a deterministic topological order (ties broken by insertion order).
-``to_networkx()`` exports a ``networkx.MultiDiGraph`` for anything else.
+The primitives are the single source of truth: each names its data inputs (``Ref``) and
+its control dependencies (``after``). The graph adds what queries need to be cheap: a
+reverse index (who reads each output, who waits on each node), so consumers, rewiring
+and removal cost O(degree), and cached predecessor lists and a deterministic
+topological order (ties broken by insertion order). ``to_networkx()`` exports a
+``networkx.MultiDiGraph`` for everything else.
 
-References may point forward (to a node added later): lowering rules can emit in any
-order, and :meth:`validate` reports whatever is still dangling.
+References may point forward, to a node added later: lowering can emit in any order,
+and :meth:`validate` reports whatever is still dangling.
+
+Primitives are immutable and shared between a graph and its copies; edits go through
+the graph (``set_input``, ``set_after``, ``set_attrs``, ``replace_uses``, ``remove``),
+which swaps in a new primitive. A frozen graph (what the pass manager hands a pass)
+refuses edits: a pass must ``copy()`` first, so passes are pure by construction.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import heapq
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping
 
 from ..errors import GraphValidationError
 from . import analysis, history, render, validate as _validate
-from .node import INPUT, OUTPUT, RESERVED, Primitive, Ref
+from .node import INPUT, RESERVED, FrozenDict, Primitive, Ref
 from .ops import OPS, Op, parse_op
 from .ports import PortType
 
@@ -45,15 +54,18 @@ class PGraph:
         self._counts: dict[str, int] = {}  # per base name, for auto names embed, embed_1, ...
         self._inputs: dict[str, PortType] = {}
         self._outputs: dict[str, Ref] = {}
-        # Reverse index. Dicts used as ordered sets so iteration order is deterministic.
-        self._users: dict[str, dict[str, dict[_Use, None]]] = {}  # producer -> port -> uses
-        self._followers: dict[str, dict[str, None]] = {}  # node -> nodes with it in `after`
-        self._order: list[str] | None = None
+        # Reverse index; dicts as ordered sets, so every iteration order is deterministic.
+        self._users: dict[Ref, dict[_Use, None]] = {}
+        self._followers: dict[str, dict[str, None]] = {}  # node -> nodes that list it in `after`
+        self._preds: dict[str, tuple[str, ...]] = {}  # cache, filled on demand
+        self._order: list[str] | None = None  # cache
+        self._frozen = False
         self.history: list[PassRecord] = []
 
     # -- builder -------------------------------------------------------------------------
     def input(self, name: str, type: PortType = PortType.ANY) -> Ref:
         """Declare a graph input; returns ``Ref("input", name)``."""
+        self._check_mutable()
         if name in self._inputs:
             raise GraphValidationError(f"graph input {name!r} declared twice", node=INPUT)
         self._inputs[name] = PortType(type)
@@ -70,7 +82,9 @@ class PGraph:
         after: Iterable[str | Primitive] = (),
         outputs: Iterable[str] | None = None,
     ) -> Primitive:
-        """Append a primitive. ``name`` defaults to the op name made unique (embed, embed_1...)."""
+        """Append a primitive. ``name`` defaults to the op name made unique (embed, embed_1...);
+        ``engine`` to the op's engine kind; ``outputs`` is given only for opaque primitives."""
+        self._check_mutable()
         parsed = parse_op(op)
         if name is None:
             name = self.unique_name(parsed.value if parsed else str(op))
@@ -89,27 +103,32 @@ class PGraph:
                 raise GraphValidationError(
                     f"primitive {name!r}: {parsed} has fixed outputs {list(outs)}", node=name)
         prim = Primitive(
-            name=name, op=parsed, engine=engine or spec.engine,
-            inputs=MappingProxyType(dict(inputs or {})), attrs=dict(attrs or {}),
-            after=frozenset(a.name if isinstance(a, Primitive) else a for a in after),
-            origin=origin, outputs=outs)
+            name=name, op=parsed, engine=engine or spec.engine, inputs=FrozenDict(inputs or {}),
+            attrs=FrozenDict(attrs or {}), origin=origin, outputs=outs,
+            after=frozenset(a.name if isinstance(a, Primitive) else a for a in after))
         self._prims[name] = prim
         self._seq[name] = self._next_seq
         self._next_seq += 1
         self._link(prim)
+        # Readers and waiters that referred to `name` before it existed gain an edge now.
+        for port in outs:
+            for consumer, _ in self._users.get(Ref(name, port), ()):
+                self._preds.pop(consumer, None)
+        for follower in self._followers.get(name, ()):
+            self._preds.pop(follower, None)
         self._order = None
         return prim
 
     def output(self, name: str, ref: Ref) -> None:
         """Declare (or rebind) graph output ``name``."""
+        self._check_mutable()
         self._outputs[name] = ref
 
     def ref(self, node: str, port: str) -> Ref:
-        if node == INPUT:
-            return Ref(INPUT, port)
-        return self[node].out(port)
+        return Ref(INPUT, port) if node == INPUT else self[node].out(port)
 
     def unique_name(self, base: str) -> str:
+        """``base`` if free, else ``base_1``, ``base_2``, ... (never a reserved name)."""
         if base not in self._prims and base not in RESERVED and base not in self._counts:
             self._counts[base] = 0
             return base
@@ -121,34 +140,37 @@ class PGraph:
                 self._counts[base] = i
                 return candidate
 
-    # -- mutation (the only way to change structure, so the index stays right) -----------
+    # -- editing (the only way to change structure, so the index stays right) ------------
     def set_input(self, name: str, port: str, ref: Ref) -> None:
         prim = self[name]
-        self._unlink(prim)
-        new = dict(prim.inputs)
-        new[port] = ref
-        object.__setattr__(prim, "inputs", MappingProxyType(new))
-        self._link(prim)
-        self._order = None
+        self._replace(prim, inputs=FrozenDict({**prim.inputs, port: ref}))
 
     def set_after(self, name: str, targets: Iterable[str]) -> None:
-        prim = self[name]
-        self._unlink(prim)
-        object.__setattr__(prim, "after", frozenset(targets))
-        self._link(prim)
-        self._order = None
+        self._replace(self[name], after=frozenset(targets))
 
     def add_after(self, name: str, *targets: str) -> None:
         self.set_after(name, self[name].after | set(targets))
 
+    def set_attrs(self, name: str, **changes: Any) -> None:
+        """Merge ``changes`` into the attrs of ``name``."""
+        prim = self[name]
+        self._replace(prim, attrs=FrozenDict({**prim.attrs, **changes}))
+
+    def update(self, name: str, *, engine: str | None = None, origin: str | None = None) -> None:
+        """Reassign a primitive's engine instance or origin."""
+        prim = self[name]
+        self._replace(prim, engine=engine if engine is not None else prim.engine,
+                      origin=origin if origin is not None else prim.origin)
+
     def replace_uses(self, old: Ref, new: Ref, *, exclude: Collection[str] = ()) -> int:
-        """Rebind every reader of ``old`` (and graph outputs) to ``new``; returns how many.
+        """Rebind every reader of ``old`` (and every graph output) to ``new``; returns how many.
 
         ``new.node`` itself and the nodes in ``exclude`` keep reading ``old``, so inserting a
         node after ``old`` and redirecting its readers cannot create a self-loop.
         """
+        self._check_mutable()
         count = 0
-        for consumer, port in list(self._users.get(old.node, {}).get(old.port, {})):
+        for consumer, port in list(self._users.get(old, ())):
             if consumer != new.node and consumer not in exclude:
                 self.set_input(consumer, port, new)
                 count += 1
@@ -160,39 +182,49 @@ class PGraph:
 
     def remove(self, name: str) -> None:
         """Delete a node nobody reads or waits on (rewire its users first)."""
+        self._check_mutable()
         prim = self[name]
-        users = [c for uses in self._users.get(name, {}).values() for c, _ in uses]
+        users = [c for port in prim.outputs for c, _ in self._users.get(Ref(name, port), ())]
         users += [f"{o} (graph output)" for o, r in self._outputs.items() if r.node == name]
-        users += [f"{f} (after)" for f in self._followers.get(name, {})]
+        users += [f"{f} (after)" for f in self._followers.get(name, ())]
         if users:
             raise GraphValidationError(
                 f"cannot remove {prim.describe()}: still used by {', '.join(dict.fromkeys(users))}",
                 node=name)
         self._unlink(prim)
         del self._prims[name], self._seq[name]
-        self._users.pop(name, None)
+        for port in prim.outputs:
+            self._users.pop(Ref(name, port), None)
         self._followers.pop(name, None)
+        self._preds.pop(name, None)
         self._order = None
 
     def copy(self) -> PGraph:
-        """An independent graph: passes copy, then edit, so their input is never mutated."""
+        """An independent, editable graph sharing the (immutable) primitives."""
         g = PGraph.__new__(PGraph)
         g.name = self.name
-        g._prims = {
-            n: Primitive(p.name, p.op, p.engine, p.inputs, _copy_value(p.attrs), p.after, p.origin,
-                         p.outputs)
-            for n, p in self._prims.items()
-        }  # inputs / after / outputs are immutable, so sharing them is safe
+        g._prims = dict(self._prims)
         g._seq = dict(self._seq)
         g._next_seq = self._next_seq
         g._counts = dict(self._counts)
         g._inputs = dict(self._inputs)
         g._outputs = dict(self._outputs)
-        g._users = {n: {p: dict(u) for p, u in ports.items()} for n, ports in self._users.items()}
+        g._users = {ref: dict(uses) for ref, uses in self._users.items()}
         g._followers = {n: dict(f) for n, f in self._followers.items()}
-        g._order = list(self._order) if self._order is not None else None
+        g._preds = dict(self._preds)
+        g._order = self._order  # never mutated in place, only replaced
+        g._frozen = False
         g.history = list(self.history)
         return g
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[PGraph]:
+        """Refuse edits inside the block (a pass that forgets to copy fails loudly)."""
+        was, self._frozen = self._frozen, True
+        try:
+            yield self
+        finally:
+            self._frozen = was
 
     # -- queries -------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Primitive:
@@ -213,7 +245,8 @@ class PGraph:
     @property
     def nodes(self) -> list[Primitive]:
         """All primitives in topological order (data and control edges; ties by insertion)."""
-        return [self._prims[n] for n in self.topological_order()]
+        prims = self._prims
+        return [prims[n] for n in self.topological_order()]
 
     @property
     def inputs(self) -> Mapping[str, PortType]:
@@ -224,27 +257,31 @@ class PGraph:
         return MappingProxyType(self._outputs)
 
     def uses(self, ref: Ref) -> list[_Use]:
-        """``(consumer, port)`` pairs reading ``ref``."""
-        return list(self._users.get(ref.node, {}).get(ref.port, {}))
+        """``(consumer, port)`` pairs that read ``ref``."""
+        return list(self._users.get(ref, ()))
 
     def consumers(self, name: str) -> list[str]:
         """Nodes that read any output of ``name`` (data edges)."""
-        return list(dict.fromkeys(c for uses in self._users.get(name, {}).values() for c, _ in uses))
+        users = self._users
+        return list(dict.fromkeys(c for port in self[name].outputs for c, _ in users.get(Ref(name, port), ())))
 
     def followers(self, name: str) -> list[str]:
         """Nodes that list ``name`` in their ``after`` (control edges)."""
-        return list(self._followers.get(name, {}))
+        return list(self._followers.get(name, ()))
 
     def producers(self, name: str) -> list[str]:
         """Primitives whose outputs ``name`` reads (data edges; graph inputs excluded)."""
         return list(dict.fromkeys(r.node for r in self[name].inputs.values() if r.node in self._prims))
 
-    def predecessors(self, name: str) -> list[str]:
-        """Data producers and control dependencies that exist in the graph."""
-        prim = self[name]
-        preds = dict.fromkeys(r.node for r in prim.inputs.values() if r.node in self._prims)
-        preds.update(dict.fromkeys(a for a in sorted(prim.after) if a in self._prims))
-        return list(preds)
+    def predecessors(self, name: str) -> tuple[str, ...]:
+        """Data producers, then control dependencies (sorted), that exist in the graph."""
+        preds = self._preds.get(name)
+        if preds is None:
+            prim, prims = self[name], self._prims
+            found = dict.fromkeys(r.node for r in prim.inputs.values() if r.node in prims)
+            found.update(dict.fromkeys(a for a in sorted(prim.after) if a in prims))
+            preds = self._preds[name] = tuple(found)
+        return preds
 
     def successors(self, name: str) -> list[str]:
         succ = dict.fromkeys(self.consumers(name))
@@ -252,9 +289,10 @@ class PGraph:
         return list(succ)
 
     def topological_order(self) -> list[str]:
+        """Names in topological order (a cached list: do not modify it)."""
         if self._order is None:
             self._order = self._toposort()
-        return list(self._order)
+        return self._order
 
     # -- analysis, export, explanation (each in its own module) --------------------------
     def validate(self) -> None:
@@ -266,8 +304,8 @@ class PGraph:
         return analysis.depth(self)
 
     def critical_path(self, cost_model: CostFn) -> tuple[float, list[str]]:
-        """(seconds, node names) of the longest path; ``cost_model`` has ``node_cost(prim)``
-        or is a callable ``prim -> seconds``."""
+        """(seconds, node names) of the longest path, with unlimited engines; ``cost_model``
+        has ``node_cost(prim)`` or is a callable ``prim -> seconds``."""
         return analysis.critical_path(self, cost_model)
 
     def to_mermaid(self) -> str:
@@ -290,49 +328,56 @@ class PGraph:
         return f"<PGraph {self.name!r}: {len(self._prims)} primitives, outputs {list(self._outputs)}>"
 
     # -- internals -----------------------------------------------------------------------
+    def _check_mutable(self) -> None:
+        if self._frozen:
+            raise RuntimeError(f"PGraph {self.name!r} is frozen (an optimizer pass must copy() "
+                               "its input before editing)")
+
+    def _replace(self, prim: Primitive, **changes: Any) -> None:
+        self._check_mutable()
+        new = dataclasses.replace(prim, **changes)
+        if "inputs" in changes or "after" in changes:
+            self._unlink(prim)
+            self._link(new)
+            self._preds.pop(prim.name, None)
+            self._order = None
+        self._prims[prim.name] = new
+
     def _link(self, prim: Primitive) -> None:
         for port, ref in prim.inputs.items():
-            self._users.setdefault(ref.node, {}).setdefault(ref.port, {})[(prim.name, port)] = None
+            self._users.setdefault(ref, {})[(prim.name, port)] = None
         for target in prim.after:
             self._followers.setdefault(target, {})[prim.name] = None
 
     def _unlink(self, prim: Primitive) -> None:
         for port, ref in prim.inputs.items():
-            ports = self._users.get(ref.node)
-            if ports is not None:
-                ports.get(ref.port, {}).pop((prim.name, port), None)
+            uses = self._users.get(ref)
+            if uses is not None:
+                uses.pop((prim.name, port), None)
         for target in prim.after:
             self._followers.get(target, {}).pop(prim.name, None)
 
     def _toposort(self) -> list[str]:
-        indegree = {n: len(self.predecessors(n)) for n in self._prims}
-        ready = [(self._seq[n], n) for n, d in indegree.items() if d == 0]
+        preds = {n: self.predecessors(n) for n in self._prims}
+        succ: dict[str, list[str]] = {n: [] for n in self._prims}
+        for n, ps in preds.items():
+            for p in ps:
+                succ[p].append(n)
+        indegree = {n: len(ps) for n, ps in preds.items()}
+        seq = self._seq
+        ready = [(seq[n], n) for n, d in indegree.items() if d == 0]
         heapq.heapify(ready)
         order: list[str] = []
         while ready:
             _, name = heapq.heappop(ready)
             order.append(name)
-            for succ in self.successors(name):
-                indegree[succ] -= 1
-                if indegree[succ] == 0:
-                    heapq.heappush(ready, (self._seq[succ], succ))
+            for s in succ[name]:
+                indegree[s] -= 1
+                if indegree[s] == 0:
+                    heapq.heappush(ready, (seq[s], s))
         if len(order) < len(self._prims):
             cycle = analysis.find_cycle(self, [n for n, d in indegree.items() if d > 0])
             raise GraphValidationError(
                 f"cycle through {' -> '.join(cycle + cycle[:1])}: a primitive cannot wait on itself",
                 node=cycle[0])
         return order
-
-
-def _copy_value(value: Any) -> Any:
-    """Copy nested dicts / lists / sets (attrs); leave everything else shared. Much cheaper
-    than deepcopy, and attrs hold only such containers plus immutable leaves."""
-    if isinstance(value, dict):
-        return {k: _copy_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy_value(v) for v in value]
-    if isinstance(value, set):
-        return set(value)
-    return value
-
-

@@ -1,9 +1,15 @@
-"""The two atoms of a graph: :class:`Ref` (one output port of one node) and :class:`Primitive`."""
+"""The two atoms of a graph: :class:`Ref` (one output port of one node) and :class:`Primitive`.
+
+Primitives are immutable. A graph edit replaces the edited primitive with a new one, so
+a copied graph shares every primitive it did not change with its original: copying is
+cheap, a pass cannot mutate the graph it was given, and comparing before / after a pass
+is an identity check per node.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, NoReturn
 
 from ..errors import GraphValidationError
 from .ops import Op, OpSpec, OPS
@@ -25,38 +31,40 @@ class Ref:
         return f"{self.node}.{self.port}"
 
 
-# Fields the owning PGraph indexes; changing them behind its back would desync it.
-_STRUCTURE = frozenset({"name", "inputs", "after", "outputs"})
+class FrozenDict(dict):
+    """A read-only dict (unlike MappingProxyType it pickles, e.g. into a Ray actor)."""
+
+    __slots__ = ()
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a primitive's inputs / attrs are read-only; edit them through PGraph "
+                        "(set_input, set_attrs, replace_uses) on a copy of the graph")
+
+    __setitem__ = __delitem__ = __ior__ = _readonly  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
+        return self
 
 
-@dataclass(eq=False, repr=False, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Primitive:
-    """One node: an op run by an engine on named input ports.
-
-    ``inputs``, ``after`` and ``outputs`` are read-only here; change them through
-    :class:`~teola_plugin.ir.graph.PGraph` (``set_input``, ``set_after``, ``replace_uses``),
-    which keeps its use index consistent. ``attrs``, ``engine`` and ``origin`` are free to edit.
-    """
+    """One node: an op run by an engine on named input ports. Read-only; see module doc."""
 
     name: str
     op: Op
     engine: str  # engine *instance* name; defaults to the op's engine kind
-    inputs: Mapping[str, Ref]
-    attrs: dict[str, Any]
+    inputs: FrozenDict  # port -> Ref
+    attrs: FrozenDict  # port-independent parameters: est_items, top_k, parts, shard, ...
     after: frozenset[str]  # control dependencies: run only after these nodes finished
     origin: str  # the framework component this was traced from, for errors and explain()
     outputs: tuple[str, ...]
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        if key in _STRUCTURE:
-            try:
-                getattr(self, key)
-            except AttributeError:  # first assignment, from __init__
-                pass
-            else:
-                raise AttributeError(f"Primitive.{key} is owned by its PGraph; use PGraph.set_input / "
-                                     "set_after / replace_uses instead")
-        object.__setattr__(self, key, value)
 
     # -- what the spec says --------------------------------------------------------------
     @property
@@ -66,19 +74,19 @@ class Primitive:
     @property
     def kind(self) -> str:
         """Engine kind (cpu, embedder, vector_store, reranker, search, llm)."""
-        return self.spec.engine
+        return OPS[self.op].engine
 
     @property
     def pure(self) -> bool:
-        if self.spec.variadic_outputs:  # opaque: impure unless the lowering vouched for it
+        if self.op is Op.OPAQUE:  # impure unless the lowering vouched for it
             return self.attrs.get("pure") is True
-        return self.spec.pure
+        return OPS[self.op].pure
 
     def input_type(self, port: str) -> PortType | None:
-        return self.spec.input_type(port)
+        return OPS[self.op].input_type(port)
 
     def output_type(self, port: str) -> PortType | None:
-        return self.spec.output_type(port) if port in self.outputs else None
+        return OPS[self.op].output_type(port) if port in self.outputs else None
 
     @property
     def shard(self) -> tuple[int, int] | None:
@@ -100,7 +108,7 @@ class Primitive:
         return Ref(self.name, port)
 
     def describe(self) -> str:
-        """``name (op, traced from Origin)``: how errors and explanations name a node."""
+        """``primitive 'name' (op, traced from Origin)``: how errors name a node."""
         origin = f", traced from {self.origin}" if self.origin else ""
         return f"primitive {self.name!r} ({self.op}{origin})"
 

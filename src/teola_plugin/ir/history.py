@@ -1,0 +1,136 @@
+"""What each optimizer pass did to a graph: :class:`PassRecord` and :func:`explain`.
+
+Records are computed generically by comparing the graph before and after a pass, so a
+pass cannot forget to report a change; the pass only adds a note saying *why*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from .node import Primitive
+
+if TYPE_CHECKING:
+    from .graph import PGraph
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    src: str
+    dst: str
+    kind: str  # "data" or "control"
+    src_port: str = ""
+    dst_port: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "control":
+            return f"{self.dst} after {self.src}"
+        return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    pass_name: str
+    description: str = ""
+    added_nodes: tuple[str, ...] = ()
+    removed_nodes: tuple[str, ...] = ()
+    changed_nodes: tuple[str, ...] = ()  # same name, different attrs / engine / origin
+    added_edges: tuple[Edge, ...] = ()
+    removed_edges: tuple[Edge, ...] = ()
+    rebound_outputs: tuple[str, ...] = ()
+    note: str = ""
+    critical_path_before: float | None = None
+    critical_path_after: float | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added_nodes or self.removed_nodes or self.changed_nodes or self.added_edges
+                    or self.removed_edges or self.rebound_outputs)
+
+
+def _edges(prim: Primitive) -> Iterable[Edge]:
+    for port, ref in prim.inputs.items():
+        yield Edge(ref.node, prim.name, "data", ref.port, port)
+    for target in prim.after:
+        yield Edge(target, prim.name, "control")
+
+
+def diff(before: PGraph, after: PGraph, pass_name: str, **fields) -> PassRecord:
+    """Record of everything that differs between two graphs. O(n): nodes are compared by
+    name, edges only for nodes whose inputs / after changed."""
+    old, new = before._prims, after._prims
+    added = [n for n in new if n not in old]
+    removed = [n for n in old if n not in new]
+    changed: list[str] = []
+    added_edges: set[Edge] = {e for n in added for e in _edges(new[n])}
+    removed_edges: set[Edge] = {e for n in removed for e in _edges(old[n])}
+    for name, q in new.items():
+        p = old.get(name)
+        if p is None or p is q:
+            continue
+        if p.inputs != q.inputs or p.after != q.after:
+            e_old, e_new = set(_edges(p)), set(_edges(q))
+            added_edges |= e_new - e_old
+            removed_edges |= e_old - e_new
+        if p.attrs != q.attrs or p.engine != q.engine or p.origin != q.origin or p.op != q.op:
+            changed.append(name)
+    rebound = [o for o, r in after.outputs.items() if before.outputs.get(o) != r]
+    return PassRecord(pass_name, added_nodes=tuple(added), removed_nodes=tuple(removed),
+                      changed_nodes=tuple(changed), added_edges=tuple(sorted(added_edges)),
+                      removed_edges=tuple(sorted(removed_edges)), rebound_outputs=tuple(rebound),
+                      **fields)
+
+
+def _names(names: Iterable[str], graph: PGraph | None = None, limit: int = 8) -> str:
+    names = list(names)
+    shown = [f"{n} ({graph[n].op})" if graph is not None and n in graph else n for n in names[:limit]]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(shown) + more
+
+
+def describe(record: PassRecord, graph: PGraph | None = None) -> list[str]:
+    """The record in words, one line per kind of change."""
+    if not record.changed:
+        return ["no change"]
+    lines: list[str] = []
+    touched = set(record.added_nodes) | set(record.removed_nodes)
+    # Edges of added / removed nodes are implied by those nodes; report edits to the others.
+    edits = lambda edges, kind: [e for e in edges if e.kind == kind and e.dst not in touched]  # noqa: E731
+    if record.added_nodes:
+        lines.append(f"added {_names(record.added_nodes, graph)}")
+    if record.removed_nodes:
+        lines.append(f"removed {_names(record.removed_nodes)}")
+    if dropped := edits(record.removed_edges, "control"):
+        lines.append("dropped control deps: " + _names(f"{e.dst} no longer waits for {e.src}" for e in dropped))
+    if kept := edits(record.added_edges, "control"):
+        lines.append("added control deps: " + _names(f"{e.dst} waits for {e.src}" for e in kept))
+    if rewired := edits(record.added_edges, "data"):
+        lines.append("rewired: " + _names(f"{e.dst}.{e.dst_port} now reads {e.src}.{e.src_port}"
+                                          for e in rewired))
+    if record.changed_nodes:
+        lines.append(f"changed attrs of {_names(record.changed_nodes, graph)}")
+    if record.rebound_outputs:
+        lines.append(f"graph outputs now read: {_names(record.rebound_outputs)}")
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3f} s"
+
+
+def explain(graph: PGraph) -> str:
+    if not graph.history:
+        return f"PGraph {graph.name!r} has not been optimized (no pass history)."
+    first, last = graph.history[0], graph.history[-1]
+    out = [f"Optimization of {graph.name!r}: {len(graph.history)} passes, critical path "
+           f"{_seconds(first.critical_path_before)} -> {_seconds(last.critical_path_after)}"]
+    for i, rec in enumerate(graph.history, 1):
+        out.append(f"{i}. {rec.pass_name}: {rec.description}".rstrip(": "))
+        if rec.note:
+            out.append(f"   why: {rec.note}")
+        out.extend(f"   - {line}" for line in describe(rec, graph))
+        if rec.critical_path_before is not None:
+            out.append(f"   critical path {_seconds(rec.critical_path_before)} -> "
+                       f"{_seconds(rec.critical_path_after)}")
+    return "\n".join(out) + "\n"

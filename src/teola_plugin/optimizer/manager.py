@@ -1,0 +1,80 @@
+"""PassManager: run passes in order, check every result, record what each one changed."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import ConfigError, GraphValidationError
+from ..ir.graph import PGraph
+from ..ir.history import PassRecord, diff
+from .context import PassContext
+from .cost import CostModel
+from .passes import ALIASES, DEFAULT_ORDER, PASSES, Pass
+
+
+def available_passes() -> dict[str, str]:
+    """Pass name -> one-line description, in the default order."""
+    return {name: PASSES[name].description for name in DEFAULT_ORDER}
+
+
+def _resolve(names: Iterable[str], what: str) -> list[str]:
+    resolved = []
+    for name in names:
+        canonical = ALIASES.get(name, name)
+        if canonical not in PASSES:
+            valid = ", ".join(list(DEFAULT_ORDER) + sorted(ALIASES))
+            raise ConfigError(f"unknown optimizer pass {name!r} in {what}; valid names: {valid}")
+        resolved.append(canonical)
+    return resolved
+
+
+class PassManager:
+    """``PassManager()`` runs every pass in :data:`DEFAULT_ORDER`; ``passes=[...]`` picks
+    and orders them; ``disabled=[...]`` switches some off (ablations). Names are checked
+    here, at construction, so a typo fails before any graph is built."""
+
+    def __init__(self, passes: Sequence[str] | None = None, disabled: Iterable[str] = (), *,
+                 options: Mapping[str, Any] | None = None, track_critical_path: bool = True) -> None:
+        chosen = _resolve(DEFAULT_ORDER if passes is None else passes, "passes")
+        off = set(_resolve(disabled, "disabled"))
+        self.passes: list[Pass] = [PASSES[n] for n in chosen if n not in off]
+        self.options = dict(options or {})
+        self.track_critical_path = track_critical_path
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def __repr__(self) -> str:
+        return f"PassManager({self.names})"
+
+    def run(self, graph: PGraph, cost_model: CostModel | None = None) -> PGraph:
+        """A new, optimized graph; ``graph`` is left untouched. ``result.history`` holds one
+        :class:`PassRecord` per pass and ``result.explain()`` puts them in words."""
+        cost = cost_model or CostModel.default()
+        graph.validate()
+        current = graph
+        span = graph.critical_path(cost)[0] if self.track_critical_path else None
+        records: list[PassRecord] = []
+        for p in self.passes:
+            ctx = PassContext(cost, self.options)
+            try:
+                result = p.run(current, ctx)
+            except Exception as exc:
+                exc.add_note(f"in optimizer pass {p.name!r}")
+                raise
+            if result is not current:
+                try:
+                    result.validate()
+                except GraphValidationError as exc:
+                    raise GraphValidationError(f"optimizer pass {p.name!r} produced an invalid graph: "
+                                               f"{exc}", node=exc.node) from exc
+            after = result.critical_path(cost)[0] if self.track_critical_path else None
+            records.append(diff(current, result, p.name, description=p.description,
+                                note="; ".join(ctx.notes), critical_path_before=span,
+                                critical_path_after=after))
+            current, span = result, after
+        if current is graph:
+            current = graph.copy()
+        current.history = list(graph.history) + records
+        return current

@@ -1,0 +1,74 @@
+"""Common-subexpression elimination: compute each pure value once.
+
+Two pure primitives with the same op, engine, attrs, inputs and control dependencies
+compute the same thing (e.g. the question embedded by two retrievers); the later one
+is dropped and its readers read the first. Visiting in topological order lets merges
+cascade (two identical embeds of two merged aggregates merge too).
+
+An LLM decode that samples (temperature > 0) is pure but not deterministic: merging two
+samples would change what the application computes, so it is never merged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from ...ir.graph import PGraph
+from ...ir.node import Primitive, Ref
+from ...ir.ops import Op
+from ..context import PassContext
+
+NAME = "eliminate_common"
+DESCRIPTION = "merge pure primitives that compute the same value from the same inputs"
+
+
+def _freeze(value: Any) -> Hashable:
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((str(k), _freeze(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_freeze(v)) for v in value)))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value
+
+
+def _mergeable(prim: Primitive) -> bool:
+    if not prim.pure:
+        return False
+    return not (prim.op is Op.LLM_DECODE and float(prim.attrs.get("temperature", 0) or 0) > 0)
+
+
+def run(graph: PGraph, ctx: PassContext) -> PGraph:
+    rep: dict[str, str] = {}  # duplicate -> the node that stays
+    seen: dict[Hashable, str] = {}
+    for prim in graph.nodes:
+        if not _mergeable(prim):
+            continue
+        key = (
+            prim.op, prim.engine, prim.outputs, _freeze(prim.attrs),
+            tuple(sorted((port, rep.get(r.node, r.node), r.port) for port, r in prim.inputs.items())),
+            tuple(sorted({rep.get(a, a) for a in prim.after})),
+        )
+        if key in seen:
+            rep[prim.name] = seen[key]
+        else:
+            seen[key] = prim.name
+    if not rep:
+        return graph
+    g = graph.copy()
+    for dup in reversed(g.topological_order()):  # readers before what they read
+        if dup not in rep:
+            continue
+        keep = rep[dup]
+        for port in g[dup].outputs:
+            g.replace_uses(Ref(dup, port), Ref(keep, port))
+        for follower in g.followers(dup):
+            g.set_after(follower, (g[follower].after - {dup}) | {keep})
+        g.remove(dup)
+    pairs = ", ".join(f"{d} into {k}" for d, k in list(rep.items())[:6])
+    ctx.note(f"merged {len(rep)} duplicate primitive(s): {pairs}")
+    return g

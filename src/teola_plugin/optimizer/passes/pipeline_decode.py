@@ -1,0 +1,79 @@
+"""Decode pipelining: retrieve for each generated item as soon as it is complete.
+
+Query expansion asks an LLM for several queries, one per line; the framework waits for
+the whole answer, then embeds and searches them all. When a decode's ``items``
+(``attrs["parse"]`` in lines / json_list) feed a chain of splittable primitives (embed
+-> vector_search), the chain is elementwise in the items, so it may process them as
+they stream out. This marks the decode ``stream_items=True`` and each chain link
+``stream_from=<decode>``, and inserts a ``concat`` aggregate that collects the streamed
+results where they leave the chain (e.g. before the rank fusion that needs all lists).
+
+Values are unchanged (the interpreter ignores streaming); only timing is: the cost
+model charges a streamed link only for the last item, the rest hides behind the
+decode. Applied only when that saving exceeds the collecting aggregate's cost.
+"""
+
+from __future__ import annotations
+
+from ...ir.graph import PGraph
+from ...ir.node import Primitive, Ref
+from ...ir.ops import Op
+from ..chains import grow_chain, leaving_ports, untouched
+from ..context import PassContext
+
+NAME = "pipeline_decode"
+DESCRIPTION = "stream decoded items into the retrieval chain that consumes them"
+PARSES = ("lines", "json_list")
+
+
+def _eligible(prim: Primitive) -> bool:
+    return prim.spec.splittable and untouched(prim)
+
+
+def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
+    cost = ctx.cost_model
+    gather = cost.latency("cpu", Op.AGGREGATE, 1, "cpu")
+    outputs = set(graph.outputs.values())
+    claimed: set[str] = set()
+    plans = []
+    for decode in graph.nodes:
+        if decode.op is not Op.LLM_DECODE or decode.attrs.get("parse") not in PARSES:
+            continue
+        items = Ref(decode.name, "items")
+        for name, port in graph.uses(items):
+            head = graph[name]
+            if (name in claimed or not _eligible(head) or port not in head.spec.split_inputs
+                    or any(head.inputs.get(p) != items for p in head.spec.split_inputs)):
+                continue
+            chain = grow_chain(graph, head, lambda c: _eligible(c) and c.name not in claimed)
+            members = {m.name for m in chain}
+            saved, ok = 0.0, True
+            for m in chain:
+                saved += cost.node_cost(m) - cost.node_cost(m, items=1)
+                if leaving_ports(graph, m, members, outputs) and saved <= gather:
+                    ok = False
+            if ok:
+                claimed |= members
+                plans.append((decode.name, [m.name for m in chain]))
+    return plans
+
+
+def run(graph: PGraph, ctx: PassContext) -> PGraph:
+    plans = _plans(graph, ctx)
+    if not plans:
+        return graph
+    g = graph.copy()
+    outputs = set(g.outputs.values())
+    for decode, names in plans:
+        g[decode].attrs["stream_items"] = True
+        members = set(names)
+        for name in names:
+            g[name].attrs["stream_from"] = decode
+        for name in names:
+            for port in leaving_ports(g, g[name], members, outputs):
+                agg = g.add(Op.AGGREGATE, name=g.unique_name(f"{name}.collect"),
+                            origin=g[name].origin, inputs={"in0": Ref(name, port)},
+                            attrs={"mode": "concat", "collects_stream_of": decode})
+                g.replace_uses(Ref(name, port), agg.out(), exclude=members)
+        ctx.note(f"{' -> '.join(names)} consume {decode}'s items as they stream out")
+    return g

@@ -1,0 +1,101 @@
+"""Prefill splitting: prefill the prompt prefix that is known early, while retrieval runs.
+
+A RAG prompt usually starts with an instruction and the question, both known when the
+query arrives, and ends with retrieved context. For a format -> llm_prefill pair whose
+leading template parts read only *early* values (graph inputs, or pure CPU primitives
+of early values), this adds ``format(prefix) -> llm_partial_prefill`` and makes the
+llm_prefill wait for it. On stock vLLM the partial prefill is a max_tokens=1 request
+that fills the automatic prefix cache, so the full request only prefills the rest.
+
+Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_chars``,
+default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable),
+or when the cost model says the prefill would not finish earlier (the second request
+costs a fixed overhead; it pays only if retrieval is long enough to hide the prefix).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ...ir.analysis import finish_times
+from ...ir.graph import PGraph, copy_attrs
+from ...ir.node import INPUT, Primitive
+from ...ir.ops import Op
+from ...ir.semantics import template_vars
+from ..context import PassContext
+
+NAME = "split_prefill"
+DESCRIPTION = "prefill the early-known prompt prefix in parallel with retrieval"
+CHARS_PER_TOKEN = 4
+
+
+def _early_nodes(graph: PGraph) -> set[str]:
+    early: set[str] = set()
+    for p in graph.nodes:
+        if (p.pure and p.kind == "cpu"
+                and all(r.node == INPUT or r.node in early for r in p.inputs.values())
+                and all(a in early for a in p.after)):
+            early.add(p.name)
+    return early
+
+
+def _known_prefix(fmt: Primitive, early: set[str]) -> list[Any]:
+    parts = fmt.attrs["parts"]
+    for k, part in enumerate(parts):
+        if isinstance(part, Mapping):
+            ref = fmt.inputs[part["var"]]
+            if ref.node != INPUT and ref.node not in early:
+                return parts[:k]
+    return list(parts)
+
+
+def run(graph: PGraph, ctx: PassContext) -> PGraph:
+    cost = ctx.cost_model
+    min_chars = int(ctx.option("min_prefix_chars", 64))
+    var_chars = int(ctx.option("var_chars", 16))
+    early = _early_nodes(graph)
+    finish: dict[str, float] | None = None
+    plans: list[tuple[str, str, list[Any], int]] = []
+    for p in graph.nodes:
+        ref = p.inputs.get("prompt")
+        if p.op is not Op.LLM_PREFILL or p.attrs.get("cached_prefix_tokens") or ref is None:
+            continue
+        fmt = graph[ref.node] if ref.node in graph else None
+        if fmt is None or fmt.op is not Op.FORMAT or "parts" not in fmt.attrs:
+            continue
+        prefix = _known_prefix(fmt, early)
+        if not prefix or len(prefix) == len(fmt.attrs["parts"]):
+            continue  # nothing known early, or the whole prompt is: nothing to split
+        chars = sum(len(x) for x in prefix if isinstance(x, str)) + var_chars * len(template_vars(prefix))
+        if chars < min_chars:
+            continue
+        tokens = int(min(chars // CHARS_PER_TOKEN, cost.work_items(p) - 1))
+        if finish is None:
+            finish, _ = finish_times(graph, cost)
+        ready = lambda names: max((finish[n] for n in names), default=0.0)  # noqa: E731
+        fmt_done = ready(graph.predecessors(fmt.name)) + cost.node_cost(fmt)
+        others = ready(q for q in graph.predecessors(p.name) if q != fmt.name)
+        prefix_done = (ready([graph[fmt.inputs[v].node].name for v in template_vars(prefix)
+                              if fmt.inputs[v].node != INPUT] + [a for a in fmt.after])
+                       + cost.node_cost(fmt) + cost.latency(p.engine, Op.LLM_PARTIAL_PREFILL, tokens, p.kind))
+        old_end = max(fmt_done, others) + cost.node_cost(p)
+        new_end = (max(fmt_done, others, prefix_done)
+                   + cost.node_cost(p, items=max(1.0, cost.work_items(p) - tokens)))
+        if new_end < old_end:
+            plans.append((p.name, fmt.name, prefix, tokens))
+    if not plans:
+        return graph
+    g = graph.copy()
+    for prefill_name, fmt_name, prefix, tokens in plans:
+        prefill, fmt = g[prefill_name], g[fmt_name]
+        fp = g.add(Op.FORMAT, name=g.unique_name(f"{fmt_name}.prefix"), engine=fmt.engine,
+                   origin=fmt.origin, after=fmt.after,
+                   inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
+                   attrs={"parts": copy_attrs(prefix), "prefix_of": fmt_name})
+        pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.prefix"),
+                   engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},
+                   attrs={"est_prompt_tokens": tokens, "prefix_of": prefill_name})
+        g.add_after(prefill_name, pp.name)
+        prefill.attrs["cached_prefix_tokens"] = tokens
+        ctx.note(f"{prefill_name}: ~{tokens} prompt tokens prefilled early by {pp.name}")
+    return g

@@ -1,0 +1,228 @@
+"""The lower scheduling layer: one per engine instance, shared by every in-flight query.
+
+Requests (one primitive each, from any query) wait in a priority queue per op. The
+dispatcher forms a batch when an engine slot is free: the highest-priority requests of
+one op, up to ``max_batch_size``; if the batch is not full it waits until the oldest
+request has waited ``max_wait_s`` (more requests may arrive, from other queries: that is
+where concurrent queries win). No polling: the dispatcher sleeps on an event that
+submissions, finished batches and the max-wait timer set.
+
+Streams (LLM generation) are admitted through the same queue and slots, so the
+priority rule orders them too, but each runs as its own request (vLLM batches them
+continuously inside itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .policies import BatchPolicy, Priority
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Where and how a request ran: recorded in the execution timeline."""
+
+    engine: str
+    batch_id: int
+    size: int
+    start: float
+    end: float
+
+
+@dataclass(order=True)
+class _Request:
+    key: tuple[Any, ...]
+    op: str = field(compare=False)
+    payload: Any = field(compare=False)
+    future: asyncio.Future[Any] = field(compare=False)
+    enqueued: float = field(compare=False)
+
+
+Runner = Callable[[str, list[Any]], Awaitable[list[Any]]]
+ADMIT = "__admit__"  # pseudo-op of stream admissions
+
+
+class EngineScheduler:
+    def __init__(self, name: str, run_batch: Runner, policy: BatchPolicy) -> None:
+        self.name = name
+        self.policy = policy
+        self._run_batch = run_batch
+        self._queues: dict[str, list[_Request]] = {}
+        self._seq = itertools.count()
+        self._batch_ids = itertools.count()
+        self._running = 0
+        self._wakeup: asyncio.Event | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.batches_run = 0
+
+    # -- submission ----------------------------------------------------------------------
+    async def submit(self, op: str, payload: Any, priority: Priority) -> tuple[Any, BatchInfo]:
+        """Queue one request; returns its result and the batch it ran in."""
+        future = self._enqueue(op, payload, priority)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()  # the dispatcher skips cancelled requests
+            raise
+
+    async def admit(self, priority: Priority) -> Callable[[], None]:
+        """Wait for a slot for a stream; call the returned function when the stream ends."""
+        future = self._enqueue(ADMIT, None, priority)
+        try:
+            release, _info = await future
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        return release
+
+    def _enqueue(self, op: str, payload: Any, priority: Priority) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        if self._dispatcher is None or self._dispatcher.done():
+            self._wakeup = asyncio.Event()
+            self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"engine-scheduler:{self.name}")
+        request = _Request(self.policy.key(priority, next(self._seq)), op, payload, loop.create_future(), time.time())
+        heapq.heappush(self._queues.setdefault(op, []), request)
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return request.future
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for q in self._queues.values() for r in q if not r.future.done())
+
+    # -- dispatch ------------------------------------------------------------------------
+    async def _dispatch_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            self._drop_cancelled()
+            while self._running < self.policy.max_concurrent:
+                batch = self._next_batch()
+                if not batch:
+                    break
+                self._running += 1
+                asyncio.get_running_loop().create_task(self._execute(batch))
+
+    def _drop_cancelled(self) -> None:
+        for op, queue in list(self._queues.items()):
+            if any(r.future.done() for r in queue):
+                queue[:] = [r for r in queue if not r.future.done()]
+                heapq.heapify(queue)
+            if not queue:
+                del self._queues[op]
+
+    def _next_batch(self) -> list[_Request]:
+        """The batch of the highest-priority op that may start now, or [] (timer armed)."""
+        deadlines = []
+        for _, op in sorted((q[0].key, op) for op, q in self._queues.items() if q):
+            queue = self._queues[op]
+            limit = 1 if op == ADMIT else self.policy.max_batch_size
+            if len(queue) < limit and self.policy.max_wait_s > 0 and op != ADMIT:
+                deadline = min(r.enqueued for r in queue) + self.policy.max_wait_s
+                if time.time() < deadline:  # let the batch fill a little longer
+                    deadlines.append(deadline)
+                    continue
+            batch: list[_Request] = []
+            while queue and len(batch) < limit:
+                request = heapq.heappop(queue)
+                if not request.future.done():
+                    batch.append(request)
+            if not queue:
+                del self._queues[op]
+            if batch:
+                return batch
+        if deadlines:
+            self._arm_timer(min(deadlines))
+        return []
+
+    def _arm_timer(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        assert self._wakeup is not None
+        self._timer = loop.call_later(max(0.0, deadline - time.time()), self._wakeup.set)
+
+    async def _execute(self, batch: list[_Request]) -> None:
+        op = batch[0].op
+        batch_id = next(self._batch_ids)
+        start = time.time()
+        try:
+            if op == ADMIT:
+                await self._run_admission(batch[0], batch_id, start)
+                return
+            try:
+                results = await self._run_batch(op, [r.payload for r in batch])
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].future.done() or batch[0].future.set_exception(exc)
+                    return
+                # One bad request must not fail the other queries batched with it: rerun
+                # each alone, so exactly the requests that fail on their own get the error.
+                # (Engines validate a whole batch before writing, so a rerun is safe.)
+                for r in batch:
+                    await self._execute_alone(r, batch_id)
+                return
+            info = BatchInfo(self.name, batch_id, len(batch), start, time.time())
+            for r, result in zip(batch, results):
+                if not r.future.done():
+                    r.future.set_result((result, info))
+        finally:
+            self.batches_run += 1
+            if op != ADMIT:
+                self._release_slot()
+
+    async def _execute_alone(self, request: _Request, batch_id: int) -> None:
+        if request.future.done():
+            return
+        start = time.time()
+        try:
+            (result,) = await self._run_batch(request.op, [request.payload])
+        except Exception as exc:
+            request.future.done() or request.future.set_exception(exc)
+        else:
+            request.future.done() or request.future.set_result(
+                (result, BatchInfo(self.name, batch_id, 1, start, time.time())))
+
+    async def _run_admission(self, request: _Request, batch_id: int, start: float) -> None:
+        released = asyncio.Event()
+        if request.future.done():  # cancelled while queued
+            self._release_slot()
+            return
+        request.future.set_result((released.set, BatchInfo(self.name, batch_id, 1, start, start)))
+        # The slot stays taken until the stream's owner releases it.
+        asyncio.get_running_loop().create_task(self._hold_slot(released))
+
+    async def _hold_slot(self, released: asyncio.Event) -> None:
+        try:
+            await released.wait()
+        finally:
+            self._release_slot()
+
+    def _release_slot(self) -> None:
+        self._running -= 1
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            try:
+                await self._dispatcher
+            except asyncio.CancelledError:
+                pass
+        for queue in self._queues.values():
+            for r in queue:
+                if not r.future.done():
+                    r.future.set_exception(RuntimeError(f"engine {self.name!r} was shut down"))
+        self._queues.clear()

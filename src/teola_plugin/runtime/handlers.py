@@ -1,0 +1,165 @@
+"""How each primitive op runs: one coroutine per op, in the style of torch.fx's Interpreter.
+
+``PrimitiveHandlers.<op>(prim, inputs, ctx) -> {port: value}``. Engine-backed ops turn
+their inputs into one engine request and submit it through the engine's scheduler (which
+may batch it with other queries' requests); CPU ops (format, aggregate, chunk, opaque) run
+here. Sharding, aggregate modes, templates and item parsing use ``ir.semantics``, so the
+runtime computes exactly what the reference interpreter computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..ir import semantics
+from ..ir.node import Primitive
+from .values import Document, IndexHandle, LLMState, as_document
+
+if TYPE_CHECKING:
+    from .graph_scheduler import NodeContext
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """Returned by a handler whose work is data dependent (e.g. refine over N chunks):
+    the graph scheduler runs ``graph`` on ``inputs`` as part of the same query and the
+    node's outputs are that graph's outputs."""
+
+    graph: Any  # PGraph
+    inputs: Mapping[str, Any]
+
+
+def default_chunker(docs: list[Document], chunk_size: int = 1024, overlap: int = 128) -> list[Document]:
+    """Character windows on whitespace; used only when a lowering gives no splitter."""
+    out: list[Document] = []
+    for d in docs:
+        text, start, n = d.text, 0, 0
+        while True:
+            end = min(len(text), start + chunk_size)
+            if end < len(text):
+                cut = text.rfind(" ", start + chunk_size // 2, end)
+                end = cut if cut > start else end
+            out.append(Document(f"{d.id}#{n}", text[start:end], {**d.metadata, "source_id": d.id}, d.source))
+            if end >= len(text):
+                break
+            start, n = max(end - overlap, start + 1), n + 1
+    return out
+
+
+class PrimitiveHandlers:
+    """One method per op. Subclass and override a method to change how an op runs."""
+
+    async def chunk(self, prim: Primitive, inputs: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        docs = [as_document(d, i) for i, d in enumerate(inputs["docs"])]
+        splitter: Callable[[list[Document]], list[Any]] | None = prim.attrs.get("splitter")
+        if splitter is not None:
+            chunks = [as_document(c, i) for i, c in enumerate(await asyncio.to_thread(splitter, docs))]
+        else:
+            chunks = default_chunker(docs, prim.attrs.get("chunk_size", 1024), prim.attrs.get("chunk_overlap", 128))
+        return {"chunks": chunks, "texts": [c.text for c in chunks]}
+
+    async def embed(self, prim, inputs, ctx):
+        texts = list(inputs["texts"])
+        if not texts:
+            return {"vectors": []}
+        vectors = await ctx.submit("embed", {"texts": texts})
+        return {"vectors": list(np.asarray(vectors, dtype=np.float32))}
+
+    async def vector_insert(self, prim, inputs, ctx):
+        index: IndexHandle = inputs["index"]
+        docs = [as_document(d, i) for i, d in enumerate(inputs["docs"])]
+        vectors = list(inputs["vectors"])
+        if docs:
+            await ctx.submit("insert", {
+                "index": index.name, "ids": [d.id for d in docs], "vectors": np.stack(vectors),
+                "texts": [d.text for d in docs], "metadatas": [dict(d.metadata) for d in docs],
+            }, route_key=index.name)
+        return {"index": index}
+
+    async def vector_search(self, prim, inputs, ctx):
+        index: IndexHandle = inputs["index"]
+        vectors = list(inputs["vectors"])
+        if not vectors:
+            return {"hits": []}
+        hits = await ctx.submit("search", {"index": index.name, "vectors": np.stack(vectors),
+                                           "k": int(prim.attrs.get("top_k", 5))}, route_key=index.name)
+        return {"hits": hits}
+
+    async def rerank(self, prim, inputs, ctx):
+        hits = list(inputs["hits"])
+        top_n = int(prim.attrs.get("top_n", len(hits)))
+        if not hits:
+            return {"hits": []}
+        return {"hits": await ctx.submit("rerank", {"query": inputs["query"], "hits": hits, "top_n": top_n})}
+
+    async def search(self, prim, inputs, ctx):
+        queries = list(inputs["queries"])
+        if not queries:
+            return {"hits": []}
+        return {"hits": await ctx.submit("search", {"queries": queries, "k": int(prim.attrs.get("top_k", 5))})}
+
+    async def format(self, prim, inputs, ctx):
+        prompt = semantics.render(prim.attrs["parts"], inputs)
+        role = prim.attrs.get("chat_role")  # chat models: the prompt is one message
+        return {"prompt": [{"role": role, "content": prompt}] if role else prompt}
+
+    async def llm_partial_prefill(self, prim, inputs, ctx):
+        await ctx.submit("prefill", {"prompt": inputs["prompt"]})
+        return {"done": True}
+
+    async def llm_prefill(self, prim, inputs, ctx):
+        params = prim.attrs.get("sampling_params")
+        sid, first, finished, info = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
+        ctx.record_batch(info)
+        return {"state": LLMState(prim.engine, sid, list(first), finished)}
+
+    async def llm_decode(self, prim, inputs, ctx):
+        state: LLMState = inputs["state"]
+        state.consumed = True
+        parse = prim.attrs.get("parse")
+        stream_items = bool(prim.attrs.get("stream_items")) and parse == "lines"
+        text, emitted = "", 0
+
+        def on_text(delta: str) -> None:
+            nonlocal text, emitted
+            text += delta
+            ctx.emit_token(delta)
+            if stream_items:  # every completed line is an item for the pipelined chain
+                lines = text.split("\n")
+                complete = [ln.strip() for ln in lines[:-1] if ln.strip()]
+                for item in complete[emitted:]:
+                    ctx.emit_item(item)
+                emitted = len(complete)
+
+        for delta in state.first:
+            on_text(delta.text)
+        if not state.finished:
+            async for delta in ctx.resume_stream(state.stream_id):
+                on_text(delta.text)
+        items = semantics.parse_items(text, parse) if parse else []
+        if stream_items:
+            for item in items[emitted:]:  # the last line has no newline after it
+                ctx.emit_item(item)
+        return {"text": text, "items": items}
+
+    async def aggregate(self, prim, inputs, ctx):
+        return {"out": semantics.aggregate(prim.attrs, inputs)}
+
+    async def opaque(self, prim, inputs, ctx):
+        """Call the framework component unchanged. Blocking calls run in a worker thread."""
+        fn = prim.attrs["fn"]
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(**inputs)
+        else:
+            result = await asyncio.to_thread(fn, **inputs)
+        if isinstance(result, Expansion):
+            return result  # type: ignore[return-value]
+        if len(prim.outputs) == 1 and not (isinstance(result, Mapping) and set(result) == set(prim.outputs)):
+            return {prim.outputs[0]: result}
+        return dict(result)

@@ -1,0 +1,268 @@
+"""Where engines live: in this process, or in Ray actors. One scheduling code path for both.
+
+* :class:`EngineSpec` says what to build (a class path and plain kwargs, so it pickles).
+* :class:`EngineServer` is the hosted unit: the engine plus its
+  :class:`~teola_plugin.runtime.engine_scheduler.EngineScheduler`. It lives in the
+  Teola event loop (local hosting) or inside an :class:`EngineActor` (Ray hosting); either
+  way every query that uses the engine goes through that one scheduler, which is what
+  lets it batch across queries.
+* Handles are the client side: :class:`LocalHandle` awaits the server directly,
+  :class:`RayHandle` calls the actor. :class:`ReplicaPool` spreads requests over replicas
+  of one engine (least outstanding requests first) and pins a stream to its replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import time
+import zlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engines.base import Engine
+from ..errors import ConfigError, EngineInputError
+from .engine_scheduler import BatchInfo, EngineScheduler
+from .policies import BatchPolicy, Priority, default_policy
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to build: ``factory`` is "module:Class"; ``kwargs`` are plain values."""
+
+    name: str
+    factory: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = ""
+    policy: BatchPolicy | None = None
+    replicas: int = 1
+    num_cpus: float = 0.0  # Ray resources per replica; 0 lets small engines share a node
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if ":" not in self.factory:
+            raise ConfigError(f"engine {self.name!r}: factory must be 'module:Class', got {self.factory!r}")
+        if self.replicas < 1:
+            raise ConfigError(f"engine {self.name!r}: replicas must be >= 1, got {self.replicas}")
+
+    def engine_class(self) -> type[Engine]:
+        module, _, cls = self.factory.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"engine {self.name!r}: cannot import {self.factory}: {exc}") from exc
+        if not (isinstance(found, type) and issubclass(found, Engine)):
+            raise ConfigError(f"engine {self.name!r}: {self.factory} is not an Engine subclass")
+        return found
+
+    def build(self) -> Engine:
+        return self.engine_class()(name=self.name, **dict(self.kwargs))
+
+    def batch_policy(self) -> BatchPolicy:
+        return self.policy or default_policy(self.kind or self.engine_class().kind)
+
+
+class EngineServer:
+    """An engine and its scheduler; the same object is hosted locally or in a Ray actor."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.engine = spec.build()
+        self.scheduler = EngineScheduler(spec.name, self.engine.execute, spec.batch_policy())
+        self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
+        self._stream_ids = itertools.count()
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> dict[str, Any]:
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            await self.engine.start()
+        return self.engine.describe()
+
+    async def close(self) -> None:
+        for sid in list(self._streams):
+            await self.close_stream(sid)
+        await self.scheduler.close()
+        await self.engine.close()
+
+    async def submit(self, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[Any, BatchInfo]:
+        if not self.engine.started:  # e.g. an actor restarted by Ray
+            await self.start()
+        return await self.scheduler.submit(op, payload, priority)
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A direct, unqueued call of a public engine method (setup, metadata)."""
+        if method.startswith("_") or not callable(getattr(self.engine, method, None)):
+            raise EngineInputError(f"engine {self.spec.name!r} has no public method {method!r}")
+        if not self.engine.started and method not in ("start", "describe"):
+            await self.start()
+        result = getattr(self.engine, method)(*args, **kwargs)
+        return await result if asyncio.iscoroutine(result) else result
+
+    # -- streams: started, resumed elsewhere, always closed ---------------------------------
+    async def open_stream(
+        self, method: str, kwargs: Mapping[str, Any], priority: Priority
+    ) -> tuple[str, list[Any], bool, BatchInfo]:
+        """Start ``engine.<method>(**kwargs)`` (an async iterator) and run it to its first item.
+
+        For LLM generation the first item arrives when the prefill is done, so this is
+        the ``llm_prefill`` primitive; :meth:`resume_stream` is the ``llm_decode``.
+        """
+        if not self.engine.started:
+            await self.start()
+        release = await self.scheduler.admit(priority)
+        start = time.time()
+        try:
+            iterator = getattr(self.engine, method)(**kwargs).__aiter__()
+            first = await iterator.__anext__()
+        except StopAsyncIteration:
+            release()
+            return "", [], True, BatchInfo(self.spec.name, -1, 1, start, time.time())
+        except BaseException:
+            release()
+            raise
+        info = BatchInfo(self.spec.name, -1, 1, start, time.time())
+        if getattr(first, "finished", False):
+            release()
+            await iterator.aclose()
+            return "", [first], True, info
+        sid = f"{self.spec.name}-s{next(self._stream_ids)}"
+        self._streams[sid] = (iterator, release)
+        return sid, [first], False, info
+
+    async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
+        """The rest of an opened stream; closing it early aborts the underlying request."""
+        if sid not in self._streams:
+            raise EngineInputError(f"no open stream {sid!r} on engine {self.spec.name!r}")
+        iterator, _ = self._streams[sid]
+        try:
+            async for item in iterator:
+                yield item
+        finally:
+            await self.close_stream(sid)
+
+    async def close_stream(self, sid: str) -> None:
+        entry = self._streams.pop(sid, None)
+        if entry is not None:
+            iterator, release = entry
+            try:
+                await iterator.aclose()
+            finally:
+                release()
+
+    def stats(self) -> dict[str, Any]:
+        return {"queued": self.scheduler.queued, "batches_run": self.scheduler.batches_run,
+                "open_streams": len(self._streams)}
+
+
+# ---------------------------------------------------------------------------- client side
+class EngineHandle:
+    """Client-side view of one hosted engine replica."""
+
+    name: str
+    outstanding: int = 0
+
+    async def start(self) -> dict[str, Any]: ...
+    async def submit(self, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[Any, BatchInfo]: ...
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> tuple[str, list[Any], bool, BatchInfo]: ...
+    def resume_stream(self, sid: str) -> AsyncIterator[Any]: ...
+    async def close_stream(self, sid: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class LocalHandle(EngineHandle):
+    """The server lives in the caller's event loop."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.name = spec.name
+        self.server = EngineServer(spec)
+
+    async def start(self) -> dict[str, Any]:
+        return await self.server.start()
+
+    async def submit(self, op, payload, priority):
+        return await self.server.submit(op, payload, priority)
+
+    async def call(self, method, *args, **kwargs):
+        return await self.server.call(method, *args, **kwargs)
+
+    async def open_stream(self, method, kwargs, priority):
+        return await self.server.open_stream(method, kwargs, priority)
+
+    def resume_stream(self, sid):
+        return self.server.resume_stream(sid)
+
+    async def close_stream(self, sid):
+        await self.server.close_stream(sid)
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+class ReplicaPool:
+    """Replicas of one engine; requests go to the replica with the fewest outstanding."""
+
+    def __init__(self, name: str, handles: list[EngineHandle]) -> None:
+        if not handles:
+            raise ConfigError(f"engine {name!r} has no replicas")
+        self.name = name
+        self.handles = handles
+        self._stream_owner: dict[str, EngineHandle] = {}
+
+    def _pick(self, route_key: str | None = None) -> EngineHandle:
+        if route_key is not None:  # stateful engines: one index always lives on one replica
+            return self.handles[zlib.crc32(route_key.encode()) % len(self.handles)]
+        return min(self.handles, key=lambda h: h.outstanding)
+
+    async def start(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(h.start() for h in self.handles)))
+
+    async def submit(
+        self, op: str, payload: Mapping[str, Any], priority: Priority, route_key: str | None = None
+    ) -> tuple[Any, BatchInfo]:
+        handle = self._pick(route_key)
+        handle.outstanding += 1
+        try:
+            return await handle.submit(op, payload, priority)
+        finally:
+            handle.outstanding -= 1
+
+    async def call(self, method: str, *args: Any, route_key: str | None = None, **kwargs: Any) -> Any:
+        """Unqueued call: on the replica owning ``route_key``, else on the first one."""
+        handle = self._pick(route_key) if route_key is not None else self.handles[0]
+        return await handle.call(method, *args, **kwargs)
+
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority):
+        handle = self._pick()
+        handle.outstanding += 1
+        try:
+            sid, first, finished, info = await handle.open_stream(method, kwargs, priority)
+        except BaseException:
+            handle.outstanding -= 1
+            raise
+        if finished:
+            handle.outstanding -= 1
+        else:
+            self._stream_owner[sid] = handle
+        return sid, first, finished, info
+
+    async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
+        handle = self._stream_owner[sid]
+        try:
+            async for item in handle.resume_stream(sid):
+                yield item
+        finally:
+            await self.close_stream(sid)
+
+    async def close_stream(self, sid: str) -> None:
+        handle = self._stream_owner.pop(sid, None)
+        if handle is not None:
+            handle.outstanding -= 1
+            await handle.close_stream(sid)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(h.close() for h in self.handles), return_exceptions=True)

@@ -1,0 +1,80 @@
+"""Batching policies of the engine schedulers: *which* queued requests run next, and how many.
+
+The rule (topology-aware, the default):
+
+    key(request) = (-remaining_critical_path_s, query_arrival_s, seq)
+
+smallest key first. ``remaining_critical_path_s`` is the cost-model length of the longest
+path from this primitive to the end of its query's graph, this primitive included. A
+request on a long remaining path delays its query's completion one-for-one; one on a short
+path has slack, so it can wait for the next batch without hurting anyone's latency.
+Between equal paths, the older query goes first (FIFO across queries bounds the wait of
+each, so nobody starves under load), then submission order.
+
+``fifo`` (arrival order only) is the ablation baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Priority:
+    """What a graph scheduler tells an engine scheduler about one request."""
+
+    remaining_s: float = 0.0  # critical path from this primitive to the query's end
+    query_arrival_s: float = 0.0  # when the query started (time.time())
+    query_id: str = ""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How one engine forms batches.
+
+    max_batch_size  requests merged into one engine call (vLLM: how many are in flight)
+    max_wait_s      how long the oldest request may wait for the batch to fill; 0 = never wait
+    max_concurrent  batches running at once on this engine (1 for a CPU model: two
+                    batches would only fight for the same cores)
+    priority        "topology" (the rule above) or "fifo"
+    """
+
+    max_batch_size: int = 32
+    max_wait_s: float = 0.002
+    max_concurrent: int = 1
+    priority: str = "topology"
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_concurrent < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid BatchPolicy {self}")
+        if self.priority not in PRIORITY_RULES:
+            raise ValueError(f"unknown priority rule {self.priority!r}; known: {sorted(PRIORITY_RULES)}")
+
+    def key(self, priority: Priority, seq: int) -> tuple[Any, ...]:
+        return PRIORITY_RULES[self.priority](priority, seq)
+
+
+def topology_key(p: Priority, seq: int) -> tuple[float, float, int]:
+    return (-p.remaining_s, p.query_arrival_s, seq)
+
+
+def fifo_key(p: Priority, seq: int) -> tuple[int]:
+    return (seq,)
+
+
+PRIORITY_RULES = {"topology": topology_key, "fifo": fifo_key}
+
+# Defaults per engine kind. vLLM batches continuously inside itself, so its scheduler only
+# orders admission: many in flight, no waiting. CPU models run one batch at a time.
+DEFAULT_POLICIES: dict[str, BatchPolicy] = {
+    "llm": BatchPolicy(max_batch_size=64, max_wait_s=0.0, max_concurrent=64),
+    "embedder": BatchPolicy(max_batch_size=64, max_wait_s=0.003, max_concurrent=1),
+    "vector_store": BatchPolicy(max_batch_size=64, max_wait_s=0.001, max_concurrent=2),
+    "reranker": BatchPolicy(max_batch_size=32, max_wait_s=0.003, max_concurrent=1),
+    "search": BatchPolicy(max_batch_size=64, max_wait_s=0.001, max_concurrent=2),
+}
+
+
+def default_policy(kind: str) -> BatchPolicy:
+    return DEFAULT_POLICIES.get(kind, BatchPolicy())

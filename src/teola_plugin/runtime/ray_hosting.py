@@ -1,0 +1,123 @@
+"""Ray hosting: an :class:`EngineServer` inside an async actor, and its client handle.
+
+Placement follows the spec's resources (``num_gpus`` for vLLM on GPU nodes, ``num_cpus``
+for the rest); Ray restarts a dead actor (``max_restarts``) and the server loads its
+engine again on the first call after the restart. The handle retries a request once
+after an actor death when the op is idempotent; a stream that was cut cannot be
+resumed, so it fails with the actor's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from .engine_scheduler import BatchInfo
+from .hosting import EngineHandle, EngineServer, EngineSpec
+from .policies import Priority
+
+log = logging.getLogger("teola_plugin")
+
+# Ops safe to run twice after an actor died mid-request: the reads. (A restarted vector
+# store has lost an in-memory index anyway, so a retried insert could not help.)
+IDEMPOTENT_OPS = frozenset({"embed", "search", "rerank", "prefill", "generate"})
+
+
+class EngineActor:
+    """The actor body (decorated with ``ray.remote`` at creation time, see :func:`create_actor`)."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.server = EngineServer(spec)
+
+    async def start(self) -> dict[str, Any]:
+        return await self.server.start()
+
+    async def submit(self, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[Any, BatchInfo]:
+        return await self.server.submit(op, payload, priority)
+
+    async def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self.server.call(method, *args, **kwargs)
+
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority):
+        return await self.server.open_stream(method, kwargs, priority)
+
+    async def resume_stream(self, sid: str):
+        async for item in self.server.resume_stream(sid):
+            yield item
+
+    async def close_stream(self, sid: str) -> None:
+        await self.server.close_stream(sid)
+
+    async def close(self) -> None:
+        await self.server.close()
+
+    def ping(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **options: Any) -> Any:
+    import ray
+
+    actor_cls = ray.remote(EngineActor)
+    return actor_cls.options(
+        name=f"teola-engine-{spec.name}-{replica}-{id(spec):x}",
+        num_cpus=spec.num_cpus,
+        num_gpus=spec.num_gpus,
+        max_restarts=max_restarts,
+        max_concurrency=1000,  # async actor: concurrency is coroutines, not threads
+        **options,
+    ).remote(spec)
+
+
+class RayHandle(EngineHandle):
+    def __init__(self, spec: EngineSpec, replica: int = 0, **actor_options: Any) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.actor = create_actor(spec, replica, **actor_options)
+
+    async def start(self) -> dict[str, Any]:
+        return await self.actor.start.remote()
+
+    async def submit(self, op, payload, priority):
+        from ray.exceptions import RayActorError
+
+        try:
+            return await self.actor.submit.remote(op, payload, priority)
+        except RayActorError as exc:
+            if op not in IDEMPOTENT_OPS:
+                raise
+            log.warning("engine %s died during %s (%s); retrying once on the restarted actor", self.name, op, exc)
+            return await self.actor.submit.remote(op, payload, priority)
+
+    async def call(self, method, *args, **kwargs):
+        return await self.actor.call.remote(method, args, kwargs)
+
+    async def open_stream(self, method, kwargs, priority):
+        return await self.actor.open_stream.remote(method, kwargs, priority)
+
+    async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
+        gen = self.actor.resume_stream.options(num_returns="streaming").remote(sid)
+        async for ref in gen:
+            yield await ref
+
+    async def close_stream(self, sid: str) -> None:
+        try:
+            await self.actor.close_stream.remote(sid)
+        except Exception as exc:  # the actor may be gone; nothing left to close then
+            log.debug("close_stream %s on %s: %s", sid, self.name, exc)
+
+    async def node_id(self) -> str:
+        return await self.actor.ping.remote()
+
+    async def close(self) -> None:
+        import ray
+
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), timeout=30)
+        except Exception as exc:
+            log.debug("closing engine actor %s: %s", self.name, exc)
+        ray.kill(self.actor, no_restart=True)
