@@ -40,6 +40,18 @@ CPU_ENV_DEFAULTS = {
 }
 
 
+def _validation_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's request-validation exception types (their home moved between versions)."""
+    found: list[type[BaseException]] = [ValueError]
+    try:
+        from vllm.exceptions import VLLMValidationError
+
+        found.append(VLLMValidationError)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class Generation:
     """A finished request."""
@@ -205,7 +217,7 @@ class VLLMEngine(Engine):
                 produced += len(completion.token_ids)
                 finished = out.finished
                 yield GenerationDelta(rid, completion.text, produced, finished, completion.finish_reason)
-        except ValueError as exc:  # vLLM's input validation (e.g. prompt longer than the context)
+        except _validation_errors() as exc:  # e.g. a prompt longer than the context
             raise EngineInputError(str(exc)) from exc
         finally:
             if not finished and self._llm is not None:
@@ -223,7 +235,7 @@ class VLLMEngine(Engine):
         try:
             async for out in self._llm.generate({"prompt": text}, sp, rid):
                 final = out
-        except ValueError as exc:
+        except _validation_errors() as exc:
             raise EngineInputError(str(exc)) from exc
         except asyncio.CancelledError:
             await self._llm.abort(rid)

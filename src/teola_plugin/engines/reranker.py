@@ -188,17 +188,18 @@ class Reranker(Engine):
                 out.append(flat[start : start + len(texts)])
                 start += len(texts)
             return out
-        # bi-encoder: embed the distinct queries and every text once, then dot products.
-        queries = list(dict.fromkeys(q for q, _ in groups))
-        texts = [t for _, ts in groups for t in ts]
-        emb = encode(self._bi, self._lock, queries + texts, self.batch_size)
-        q_emb = {q: emb[i] for i, q in enumerate(queries)}
-        t_emb = emb[len(queries) :]
-        out, start = [], 0
+        # bi-encoder: embed each distinct string once (queries and documents repeat across
+        # the merged requests of several queries), then dot products of unit vectors.
+        uniq = list(dict.fromkeys([q for q, _ in groups] + [t for _, ts in groups for t in ts]))
+        emb = encode(self._bi, self._lock, uniq, self.batch_size)
+        row = {x: i for i, x in enumerate(uniq)}
+        out = []
         for q, ts in groups:
-            block = t_emb[start : start + len(ts)]
-            out.append((block @ q_emb[q]).astype(np.float64).tolist())
-            start += len(ts)
+            if not ts:
+                out.append([])
+                continue
+            block = emb[[row[t] for t in ts]]
+            out.append((block @ emb[row[q]]).astype(np.float64).tolist())
         return out
 
     # -- typed API -------------------------------------------------------------------------

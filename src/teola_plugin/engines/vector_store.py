@@ -2,10 +2,12 @@
 
 One chromadb collection per index, cosine space, so a hit's ``score`` is the cosine
 similarity (``1 - distance``; higher is better). The HNSW parameters are set explicitly
-(chromadb's defaults, ``max_neighbors=16, ef_construction=100, ef_search=100``, fall
-short of exact search): with the defaults here, recall@10 against exact brute-force search
-is >= 0.95 on the bundled corpora embedded with MiniLM (``tests/test_engine_vector_store.py``
-measures it).
+rather than left to chromadb: ``ef_construction=200, max_neighbors=32, ef_search=100``
+(chromadb's defaults are 100 / 16 / 100). Measured recall@10 against exact brute-force
+search, 200 questions as queries, MiniLM embeddings: 1.000 on squad-xquad-en (240
+passages) and 1.000 on hotpotqa-dev-500 (4,858) with these settings; chromadb's defaults
+give 1.000 / 0.9975, and ``ef_search=10`` drops to 0.97 / 0.90.
+``tests/test_engine_vector_store.py`` re-measures it.
 
 In chromadb >= 1.0 these are set through the collection ``configuration``
 (``{"hnsw": {"space", "ef_construction", "max_neighbors", "ef_search"}}``), not the
@@ -40,6 +42,16 @@ __all__ = ["ChromaVectorStore"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
 _DIM_KEY = "teola_dim"
 _META_TYPES = (str, int, float, bool)
+
+
+def _meta_value_ok(val: Any) -> bool:
+    """What chromadb stores: a scalar, None, or a non-empty list of scalars of one type."""
+    if val is None or isinstance(val, _META_TYPES):
+        return not (isinstance(val, float) and not np.isfinite(val))
+    if isinstance(val, list) and val:
+        kinds = {bool if isinstance(v, bool) else type(v) for v in val}
+        return len(kinds) == 1 and kinds <= {str, int, float, bool}
+    return False
 
 
 def _check_index_name(name: Any) -> str:
@@ -80,7 +92,7 @@ class ChromaVectorStore(Engine):
         persist_dir: str | Path | None = None,
         ef_construction: int = 200,
         max_neighbors: int = 32,
-        ef_search: int = 200,
+        ef_search: int = 100,
         insert_batch_size: int | None = None,
         name: str | None = None,
     ) -> None:
@@ -224,6 +236,14 @@ class ChromaVectorStore(Engine):
         coll, _ = await asyncio.to_thread(self._lookup, index)
         return int(await asyncio.to_thread(coll.count))
 
+    async def index_info(self, index: str) -> dict[str, Any]:
+        """``{"name", "dim", "count", "hnsw": {...}}``, the HNSW settings as chromadb reports them."""
+        self._require_started()
+        coll, dim = await asyncio.to_thread(self._lookup, index)
+        n = await asyncio.to_thread(coll.count)
+        hnsw = dict((coll.configuration or {}).get("hnsw") or {})
+        return {"name": index, "dim": dim, "count": int(n), "hnsw": hnsw}
+
     # -- input checks (no state touched) -------------------------------------------------
     def _check_vectors(self, vectors: Any, dim: int, index: str, where: str) -> np.ndarray:
         if isinstance(vectors, (str, bytes)):
@@ -282,10 +302,10 @@ class ChromaVectorStore(Engine):
                 for key, val in m.items():
                     if not isinstance(key, str) or not key or key.startswith("chroma:") or key == "#document":
                         raise EngineInputError(f"{where} metadatas[{j}] has an invalid key {key!r}")
-                    if not isinstance(val, _META_TYPES) and val is not None:
+                    if not _meta_value_ok(val):
                         raise EngineInputError(
-                            f"{where} metadatas[{j}][{key!r}] must be str, int, float, bool or None, "
-                            f"got {type(val).__name__}"
+                            f"{where} metadatas[{j}][{key!r}] must be str, int, float, bool, None or a "
+                            f"non-empty list of one of those scalar types, got {val!r:.80}"
                         )
                 metas.append(dict(m) or None)
         return coll, index, ids, vectors, texts, metas

@@ -40,9 +40,9 @@ def finish_times(graph: PGraph, cost_model: CostFn) -> tuple[dict[str, float], d
     cost = as_cost_fn(cost_model)
     finish: dict[str, float] = {}
     via: dict[str, str | None] = {}
-    prims = graph._prims
+    prims, preds = graph._prims, graph.predecessors
     for name in graph.topological_order():
-        best = max(graph.predecessors(name), key=finish.__getitem__, default=None)  # first max
+        best = max(preds(name), key=finish.__getitem__, default=None)  # first max
         finish[name] = (finish[best] if best is not None else 0.0) + cost(prims[name])
         via[name] = best
     return finish, via

@@ -25,7 +25,6 @@ refuses edits: a pass must ``copy()`` first, so passes are pure by construction.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import heapq
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping
@@ -57,6 +56,7 @@ class PGraph:
         # Reverse index; dicts as ordered sets, so every iteration order is deterministic.
         self._users: dict[Ref, dict[_Use, None]] = {}
         self._followers: dict[str, dict[str, None]] = {}  # node -> nodes that list it in `after`
+        self._exported: dict[Ref, dict[str, None]] = {}  # ref -> graph outputs naming it
         self._preds: dict[str, tuple[str, ...]] = {}  # cache, filled on demand
         self._order: list[str] | None = None  # cache
         self._frozen = False
@@ -85,7 +85,7 @@ class PGraph:
         """Append a primitive. ``name`` defaults to the op name made unique (embed, embed_1...);
         ``engine`` to the op's engine kind; ``outputs`` is given only for opaque primitives."""
         self._check_mutable()
-        parsed = parse_op(op)
+        parsed = op if type(op) is Op else parse_op(op)
         if name is None:
             name = self.unique_name(parsed.value if parsed else str(op))
         elif name in self._prims or name in RESERVED:
@@ -122,7 +122,10 @@ class PGraph:
     def output(self, name: str, ref: Ref) -> None:
         """Declare (or rebind) graph output ``name``."""
         self._check_mutable()
+        if name in self._outputs:
+            self._exported[self._outputs[name]].pop(name)
         self._outputs[name] = ref
+        self._exported.setdefault(ref, {})[name] = None
 
     def ref(self, node: str, port: str) -> Ref:
         return Ref(INPUT, port) if node == INPUT else self[node].out(port)
@@ -174,18 +177,18 @@ class PGraph:
             if consumer != new.node and consumer not in exclude:
                 self.set_input(consumer, port, new)
                 count += 1
-        for out_name, ref in self._outputs.items():
-            if ref == old:
-                self._outputs[out_name] = new
-                count += 1
+        for out_name in list(self._exported.get(old, ())):
+            self.output(out_name, new)
+            count += 1
         return count
 
     def remove(self, name: str) -> None:
         """Delete a node nobody reads or waits on (rewire its users first)."""
         self._check_mutable()
         prim = self[name]
-        users = [c for port in prim.outputs for c, _ in self._users.get(Ref(name, port), ())]
-        users += [f"{o} (graph output)" for o, r in self._outputs.items() if r.node == name]
+        refs = [Ref(name, port) for port in prim.outputs]
+        users = [c for ref in refs for c, _ in self._users.get(ref, ())]
+        users += [f"{o} (graph output)" for ref in refs for o in self._exported.get(ref, ())]
         users += [f"{f} (after)" for f in self._followers.get(name, ())]
         if users:
             raise GraphValidationError(
@@ -211,6 +214,7 @@ class PGraph:
         g._outputs = dict(self._outputs)
         g._users = {ref: dict(uses) for ref, uses in self._users.items()}
         g._followers = {n: dict(f) for n, f in self._followers.items()}
+        g._exported = {ref: dict(names) for ref, names in self._exported.items()}
         g._preds = dict(self._preds)
         g._order = self._order  # never mutated in place, only replaced
         g._frozen = False
@@ -259,6 +263,10 @@ class PGraph:
     def uses(self, ref: Ref) -> list[_Use]:
         """``(consumer, port)`` pairs that read ``ref``."""
         return list(self._users.get(ref, ()))
+
+    def is_output(self, ref: Ref) -> bool:
+        """Is ``ref`` a graph output?"""
+        return bool(self._exported.get(ref))
 
     def consumers(self, name: str) -> list[str]:
         """Nodes that read any output of ``name`` (data edges)."""
@@ -335,7 +343,10 @@ class PGraph:
 
     def _replace(self, prim: Primitive, **changes: Any) -> None:
         self._check_mutable()
-        new = dataclasses.replace(prim, **changes)
+        new = Primitive(changes.get("name", prim.name), prim.op, changes.get("engine", prim.engine),
+                        changes.get("inputs", prim.inputs), changes.get("attrs", prim.attrs),
+                        changes.get("after", prim.after), changes.get("origin", prim.origin),
+                        prim.outputs)
         if "inputs" in changes or "after" in changes:
             self._unlink(prim)
             self._link(new)

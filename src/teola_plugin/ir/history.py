@@ -7,7 +7,7 @@ pass cannot forget to report a change; the pass only adds a note saying *why*.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from .node import Primitive
 
@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from .graph import PGraph
 
 
-@dataclass(frozen=True, order=True)
-class Edge:
+class Edge(NamedTuple):
     src: str
     dst: str
     kind: str  # "data" or "control"

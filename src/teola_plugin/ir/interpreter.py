@@ -101,7 +101,7 @@ class Interpreter:
     def call_handler(self, prim: Primitive, inputs: dict[str, Any]) -> Mapping[str, Any]:
         handler = self.handlers.get(prim.op)
         if handler is None:
-            raise NotImplementedError(f"no handler for op {prim.op!r}; pass handlers={{'{prim.op}': fn}} "
+            raise NotImplementedError(f"no handler for op '{prim.op}'; pass handlers={{'{prim.op}': fn}} "
                                       f"or override {type(self).__name__}.{prim.op}")
         return handler(prim, inputs)
 

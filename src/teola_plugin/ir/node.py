@@ -9,7 +9,7 @@ is an identity check per node.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from ..errors import GraphValidationError
 from .ops import Op, OpSpec, OPS
@@ -20,8 +20,7 @@ OUTPUT = "output"  # reserved: graph outputs are named, not nodes
 RESERVED = frozenset({INPUT, OUTPUT})
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
+class Ref(NamedTuple):
     """A value: output ``port`` of node ``node`` (or graph input ``port`` when node is "input")."""
 
     node: str

@@ -39,6 +39,10 @@ class Op(StrEnum):
     FORMAT = "format"
     OPAQUE = "opaque"
 
+    # Hash as the string it equals (Enum's default hashes the member *name*, in Python):
+    # OPS["embed"] then finds Op.EMBED, and spec lookups on hot paths stay in C.
+    __hash__ = str.__hash__
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -48,6 +52,7 @@ class OpSpec:
     engine: str  # default engine kind: cpu, embedder, vector_store, reranker, search, llm
     variadic_inputs: bool = False  # any input port names (all typed ANY)
     variadic_outputs: bool = False  # output port names given per primitive (typed VALUE)
+    optional_inputs: tuple[str, ...] = ()  # ports that may stay unbound
     batchable: bool = False  # several queries' requests can share one engine call
     splittable: bool = False  # elementwise over split_inputs (see module docstring)
     split_inputs: tuple[str, ...] = ()
@@ -98,8 +103,10 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               doc="render a prompt template (attrs['parts'])"),
         _spec(Op.LLM_PARTIAL_PREFILL, {"prompt": T.PROMPT}, {"done": T.SIGNAL}, "llm",
               batchable=True, doc="prefill a known prompt prefix into the prefix cache"),
-        _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT}, {"state": T.LLM_STATE}, "llm",
-              batchable=True, doc="prefill the full prompt"),
+        # `prefix` (optional) waits for the llm_partial_prefill that warmed the prefix cache:
+        # a data edge on a SIGNAL, so no pass mistakes it for a removable module-order wait.
+        _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL}, {"state": T.LLM_STATE}, "llm",
+              batchable=True, optional_inputs=("prefix",), doc="prefill the full prompt"),
         _spec(Op.LLM_DECODE, {"state": T.LLM_STATE}, {"text": T.TEXT, "items": T.TEXTS}, "llm",
               streamable=True, doc="generate; attrs['parse'] splits the text into items"),
         _spec(Op.AGGREGATE, {}, {"out": T.ANY}, "cpu", variadic_inputs=True,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from ..errors import GraphValidationError
 from .node import INPUT, Primitive
@@ -14,8 +14,11 @@ if TYPE_CHECKING:
     from .graph import PGraph
 
 
-def validate(graph: PGraph) -> None:
-    for prim in graph._prims.values():
+def validate(graph: PGraph, only: Iterable[str] | None = None) -> None:
+    """Check every primitive, or just ``only`` (the ones an edit replaced: through the
+    PGraph API an edit cannot break a primitive it did not touch), then outputs and cycles."""
+    prims = graph._prims
+    for prim in prims.values() if only is None else (prims[n] for n in only):
         _check_primitive(graph, prim)
     for name, ref in graph.outputs.items():
         if _source_type(graph, ref) is None:
@@ -56,7 +59,7 @@ def _check_primitive(graph: PGraph, prim: Primitive) -> None:
         if not compatible(have, want):
             raise _fail(prim, f"input port {port!r} expects {want} but {ref} is {have}")
     for port in spec.inputs:
-        if port not in prim.inputs:
+        if port not in prim.inputs and port not in spec.optional_inputs:
             raise _fail(prim, f"required input port {port!r} is unbound")
     for target in sorted(prim.after):
         if target not in graph._prims:

@@ -53,12 +53,11 @@ def grow_chain(graph: PGraph, head: Primitive, may_join: Callable[[Primitive], b
         members.add(nxt.name)
 
 
-def leaving_ports(graph: PGraph, prim: Primitive, members: Collection[str],
-                  graph_outputs: Collection[Ref]) -> list[str]:
+def leaving_ports(graph: PGraph, prim: Primitive, members: Collection[str]) -> list[str]:
     """Output ports of a chain link read outside the chain (by a node or a graph output)."""
     ports = []
     for port in prim.outputs:
         ref = Ref(prim.name, port)
-        if ref in graph_outputs or any(c not in members for c, _ in graph.uses(ref)):
+        if graph.is_output(ref) or any(c not in members for c, _ in graph.uses(ref)):
             ports.append(port)
     return ports

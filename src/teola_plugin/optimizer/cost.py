@@ -114,6 +114,7 @@ class CostModel:
         for engine, ops in _curves(profiles or {}).items():
             self._curves.setdefault(engine, {}).update(ops)
         self.source = source
+        self._memo: dict[tuple[str, str, str | None, float], float] = {}  # graphs repeat shapes
 
     @classmethod
     def default(cls) -> CostModel:
@@ -138,12 +139,14 @@ class CostModel:
 
     # -- queries -------------------------------------------------------------------------
     def latency(self, engine: str, op: Op | str, items: float, kind: str | None = None) -> float:
-        """Seconds for one call of ``op`` on ``items`` work items."""
-        op = str(op)
-        curve = self._curves.get(engine, {}).get(op)
-        if curve is None and kind is not None:
-            curve = self._curves.get(kind, {}).get(op)
-        return curve(items) if curve is not None else FALLBACK_LATENCY_S
+        """Seconds for one call of ``op`` on ``items`` work items (``engine`` is an instance
+        name or a kind; ``kind`` is the fallback)."""
+        key = (engine, op, kind, items)
+        value = self._memo.get(key)
+        if value is None:
+            curve = self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
+            value = self._memo[key] = curve(items) if curve is not None else FALLBACK_LATENCY_S
+        return value
 
     def work_items(self, prim: Primitive) -> float:
         """The primitive's whole work count (before sharding or streaming)."""

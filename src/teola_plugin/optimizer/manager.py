@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import ConfigError, GraphValidationError
 from ..ir.graph import PGraph
 from ..ir.history import PassRecord, diff
+from ..ir.validate import validate
 from .context import PassContext
 from .cost import CostModel
 from .passes import ALIASES, DEFAULT_ORDER, PASSES, Pass
@@ -51,25 +52,31 @@ class PassManager:
     def run(self, graph: PGraph, cost_model: CostModel | None = None) -> PGraph:
         """A new, optimized graph; ``graph`` is left untouched. ``result.history`` holds one
         :class:`PassRecord` per pass and ``result.explain()`` puts them in words."""
-        cost = cost_model or CostModel.default()
+        model = cost_model or CostModel.default()
+        cache: dict = {}  # node costs, shared by all passes of this run
+        cost = PassContext(model, self.options, cost_cache=cache).cost
         graph.validate()
         current = graph
         span = graph.critical_path(cost)[0] if self.track_critical_path else None
         records: list[PassRecord] = []
         for p in self.passes:
-            ctx = PassContext(cost, self.options)
+            ctx = PassContext(model, self.options, cost_cache=cache)
             try:
-                result = p.run(current, ctx)
+                with current.frozen():  # a pass that edits its input instead of a copy fails here
+                    result = p.run(current, ctx)
             except Exception as exc:
                 exc.add_note(f"in optimizer pass {p.name!r}")
                 raise
             if result is not current:
+                edited = [n for n, prim in result._prims.items() if current._prims.get(n) is not prim]
                 try:
-                    result.validate()
+                    validate(result, only=edited)
                 except GraphValidationError as exc:
                     raise GraphValidationError(f"optimizer pass {p.name!r} produced an invalid graph: "
                                                f"{exc}", node=exc.node) from exc
-            after = result.critical_path(cost)[0] if self.track_critical_path else None
+            after = span
+            if self.track_critical_path and result is not current:
+                after = result.critical_path(cost)[0]
             records.append(diff(current, result, p.name, description=p.description,
                                 note="; ".join(ctx.notes), critical_path_before=span,
                                 critical_path_after=after))

@@ -73,6 +73,22 @@ def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **option
     ).remote(spec)
 
 
+async def _remote(ref: Any) -> Any:
+    """Await an actor call; an engine's exception comes back as itself (same type and
+    message, remote traceback attached as a note) rather than wrapped in RayTaskError."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return await ref
+    except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            remote_tb = vars(exc).get("traceback_str") or ""  # dual-class instances may lack it
+            cause.add_note(f"(raised inside a Ray engine actor){chr(10) + remote_tb if remote_tb else ''}")
+            raise cause from None
+        raise
+
+
 class RayHandle(EngineHandle):
     def __init__(self, spec: EngineSpec, replica: int = 0, **actor_options: Any) -> None:
         self.name = spec.name
@@ -80,29 +96,29 @@ class RayHandle(EngineHandle):
         self.actor = create_actor(spec, replica, **actor_options)
 
     async def start(self) -> dict[str, Any]:
-        return await self.actor.start.remote()
+        return await _remote(self.actor.start.remote())
 
     async def submit(self, op, payload, priority):
         from ray.exceptions import RayActorError
 
         try:
-            return await self.actor.submit.remote(op, payload, priority)
+            return await _remote(self.actor.submit.remote(op, payload, priority))
         except RayActorError as exc:
             if op not in IDEMPOTENT_OPS:
                 raise
             log.warning("engine %s died during %s (%s); retrying once on the restarted actor", self.name, op, exc)
-            return await self.actor.submit.remote(op, payload, priority)
+            return await _remote(self.actor.submit.remote(op, payload, priority))
 
     async def call(self, method, *args, **kwargs):
-        return await self.actor.call.remote(method, args, kwargs)
+        return await _remote(self.actor.call.remote(method, args, kwargs))
 
     async def open_stream(self, method, kwargs, priority):
-        return await self.actor.open_stream.remote(method, kwargs, priority)
+        return await _remote(self.actor.open_stream.remote(method, kwargs, priority))
 
     async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
         gen = self.actor.resume_stream.options(num_returns="streaming").remote(sid)
         async for ref in gen:
-            yield await ref
+            yield await _remote(ref)
 
     async def close_stream(self, sid: str) -> None:
         try:

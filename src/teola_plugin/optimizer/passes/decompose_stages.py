@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from ...ir.graph import PGraph, copy_attrs
+from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
 from ...ir.ops import Op
 from ..chains import grow_chain, leaving_ports, untouched
@@ -35,6 +35,9 @@ def _eligible(prim: Primitive) -> bool:
 def choose_shards(graph: PGraph, chain: list[Primitive], ctx: PassContext) -> int:
     cost = ctx.cost_model
     head_items = float(chain[0].attrs["est_items"])
+    max_n = min(int(ctx.option("max_shards", 16)), int(head_items // ctx.option("min_shard_items", 8)))
+    if max_n < 2:
+        return 1
     work = [float(m.attrs.get("est_items", head_items)) for m in chain]
 
     def stage_costs(n: int) -> list[float]:
@@ -43,9 +46,7 @@ def choose_shards(graph: PGraph, chain: list[Primitive], ctx: PassContext) -> in
     whole = stage_costs(1)
     gather = cost.latency("cpu", Op.AGGREGATE, 1, "cpu")
     members = {m.name for m in chain}
-    outputs = set(graph.outputs.values())
-    leaving = [k for k, m in enumerate(chain) if leaving_ports(graph, m, members, outputs)]
-    max_n = min(int(ctx.option("max_shards", 16)), int(head_items // ctx.option("min_shard_items", 8)))
+    leaving = [k for k, m in enumerate(chain) if leaving_ports(graph, m, members)]
     best_n, best = 1, sum(whole)
     for n in range(2, max_n + 1):
         part = stage_costs(n)
@@ -64,7 +65,6 @@ def shard_chain(g: PGraph, names: list[str], n: int) -> list[str]:
     """Replace the chain ``names`` in ``g`` by n shard chains; returns the gathering nodes."""
     chain = [g[name] for name in names]
     members = set(names)
-    outputs = set(g.outputs.values())
     shard: dict[tuple[str, int], str] = {}
     for m in chain:
         sliced = [p for p in m.spec.split_inputs if m.inputs[p].node not in members]
@@ -74,10 +74,10 @@ def shard_chain(g: PGraph, names: list[str], n: int) -> list[str]:
                   inputs={port: Ref(shard[ref.node, i], ref.port) if ref.node in members else ref
                           for port, ref in m.inputs.items()},
                   after=[shard[a, i] if a in members else a for a in m.after],
-                  attrs={**copy_attrs(m.attrs), "shard": (i, n), "shard_of": m.name, "sliced": sliced})
+                  attrs={**m.attrs, "shard": (i, n), "shard_of": m.name, "sliced": sliced})
     gathers = []
     for m in chain:
-        for port in leaving_ports(g, m, members, outputs):
+        for port in leaving_ports(g, m, members):
             mode = "concat" if port in m.spec.split_outputs else "join"
             agg = g.add(Op.AGGREGATE, name=g.unique_name(f"{m.name}.{mode}"), origin=m.origin,
                         inputs={f"in{i}": Ref(shard[m.name, i], port) for i in range(n)},

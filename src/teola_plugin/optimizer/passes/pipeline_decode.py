@@ -33,7 +33,6 @@ def _eligible(prim: Primitive) -> bool:
 def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
     cost = ctx.cost_model
     gather = cost.latency("cpu", Op.AGGREGATE, 1, "cpu")
-    outputs = set(graph.outputs.values())
     claimed: set[str] = set()
     plans = []
     for decode in graph.nodes:
@@ -50,7 +49,7 @@ def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
             saved, ok = 0.0, True
             for m in chain:
                 saved += cost.node_cost(m) - cost.node_cost(m, items=1)
-                if leaving_ports(graph, m, members, outputs) and saved <= gather:
+                if leaving_ports(graph, m, members) and saved <= gather:
                     ok = False
             if ok:
                 claimed |= members
@@ -63,14 +62,13 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
     if not plans:
         return graph
     g = graph.copy()
-    outputs = set(g.outputs.values())
     for decode, names in plans:
-        g[decode].attrs["stream_items"] = True
+        g.set_attrs(decode, stream_items=True)
         members = set(names)
         for name in names:
-            g[name].attrs["stream_from"] = decode
+            g.set_attrs(name, stream_from=decode)
         for name in names:
-            for port in leaving_ports(g, g[name], members, outputs):
+            for port in leaving_ports(g, g[name], members):
                 agg = g.add(Op.AGGREGATE, name=g.unique_name(f"{name}.collect"),
                             origin=g[name].origin, inputs={"in0": Ref(name, port)},
                             attrs={"mode": "concat", "collects_stream_of": decode})

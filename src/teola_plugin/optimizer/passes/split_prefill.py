@@ -4,7 +4,8 @@ A RAG prompt usually starts with an instruction and the question, both known whe
 query arrives, and ends with retrieved context. For a format -> llm_prefill pair whose
 leading template parts read only *early* values (graph inputs, or pure CPU primitives
 of early values), this adds ``format(prefix) -> llm_partial_prefill`` and makes the
-llm_prefill wait for it. On stock vLLM the partial prefill is a max_tokens=1 request
+llm_prefill wait for it, through its ``prefix`` SIGNAL port: a data edge, so dependency
+pruning and dead-code elimination keep it. On stock vLLM the partial prefill is a max_tokens=1 request
 that fills the automatic prefix cache, so the full request only prefills the rest.
 
 Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_chars``,
@@ -18,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...ir.analysis import finish_times
-from ...ir.graph import PGraph, copy_attrs
+from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive
 from ...ir.ops import Op
 from ...ir.semantics import template_vars
@@ -58,7 +59,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
     plans: list[tuple[str, str, list[Any], int]] = []
     for p in graph.nodes:
         ref = p.inputs.get("prompt")
-        if p.op is not Op.LLM_PREFILL or p.attrs.get("cached_prefix_tokens") or ref is None:
+        if p.op is not Op.LLM_PREFILL or "prefix" in p.inputs or ref is None:
             continue
         fmt = graph[ref.node] if ref.node in graph else None
         if fmt is None or fmt.op is not Op.FORMAT or "parts" not in fmt.attrs:
@@ -71,7 +72,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
             continue
         tokens = int(min(chars // CHARS_PER_TOKEN, cost.work_items(p) - 1))
         if finish is None:
-            finish, _ = finish_times(graph, cost)
+            finish, _ = finish_times(graph, ctx.cost)
         ready = lambda names: max((finish[n] for n in names), default=0.0)  # noqa: E731
         fmt_done = ready(graph.predecessors(fmt.name)) + cost.node_cost(fmt)
         others = ready(q for q in graph.predecessors(p.name) if q != fmt.name)
@@ -91,11 +92,11 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         fp = g.add(Op.FORMAT, name=g.unique_name(f"{fmt_name}.prefix"), engine=fmt.engine,
                    origin=fmt.origin, after=fmt.after,
                    inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
-                   attrs={"parts": copy_attrs(prefix), "prefix_of": fmt_name})
+                   attrs={"parts": list(prefix), "prefix_of": fmt_name})
         pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.prefix"),
                    engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},
                    attrs={"est_prompt_tokens": tokens, "prefix_of": prefill_name})
-        g.add_after(prefill_name, pp.name)
-        prefill.attrs["cached_prefix_tokens"] = tokens
+        g.set_input(prefill_name, "prefix", pp.out("done"))
+        g.set_attrs(prefill_name, cached_prefix_tokens=tokens)
         ctx.note(f"{prefill_name}: ~{tokens} prompt tokens prefilled early by {pp.name}")
     return g

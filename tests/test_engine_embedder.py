@@ -1,0 +1,97 @@
+"""SentenceTransformerEmbedder on the bundled all-MiniLM-L6-v2 (real weights, CPU)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from teola_plugin.engines import SentenceTransformerEmbedder
+from teola_plugin.errors import ConfigError, EngineInputError, EngineNotStartedError, ModelNotFoundError
+
+TEXTS = [
+    "The cat sat on the mat.",
+    "A kitten was sitting on the rug.",
+    "Quarterly revenue grew by twelve percent, driven by cloud services and strong demand in Asia.",
+    "",
+]
+
+
+def test_shape_dtype_and_unit_norm(aio, embedder):
+    emb = aio.run(embedder.embed(TEXTS))
+    assert embedder.dim == 384
+    assert isinstance(emb, np.ndarray) and emb.dtype == np.float32 and emb.shape == (4, 384)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert embedder.describe()["dim"] == 384 and embedder.describe()["ops"] == ["embed"]
+
+
+def test_paraphrases_are_closer_than_unrelated_texts(aio, embedder):
+    a, b, c, _ = aio.run(embedder.embed(TEXTS))
+    paraphrase, unrelated = float(a @ b), float(a @ c)
+    # measured: 0.65 vs -0.004
+    assert paraphrase > 0.5 > 0.2 > unrelated
+    assert paraphrase - unrelated > 0.4
+
+
+def test_batch_equals_single_within_1e_5(aio, embedder):
+    batch = aio.run(embedder.embed(TEXTS))  # padded together, different lengths
+    singles = np.stack([aio.run(embedder.embed([t]))[0] for t in TEXTS])
+    assert np.abs(batch - singles).max() < 1e-5
+
+
+def test_execute_merges_requests_and_splits_back_in_order(aio, embedder):
+    out = aio.run(embedder.execute("embed", [{"texts": TEXTS[2:3]}, {"texts": TEXTS[:2]}]))
+    assert [o.shape for o in out] == [(1, 384), (2, 384)]
+    ref = aio.run(embedder.embed(TEXTS[:3]))
+    assert np.abs(out[0][0] - ref[2]).max() < 1e-5
+    assert np.abs(out[1] - ref[:2]).max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "texts, match",
+    [
+        ("just a string", "single str"),
+        ([], "empty"),
+        (["ok", 3], r"texts\[1\] must be str"),
+        (None, "list of strings"),
+    ],
+)
+def test_bad_input_raises_engine_input_error(aio, embedder, texts, match):
+    with pytest.raises(EngineInputError, match=match):
+        aio.run(embedder.embed(texts))
+
+
+def test_bad_requests_through_execute(aio, embedder):
+    with pytest.raises(EngineInputError, match="request 1"):
+        aio.run(embedder.execute("embed", [{"texts": ["a"]}, {"text": ["b"]}]))
+    with pytest.raises(EngineInputError, match="no operation 'rerank'"):
+        aio.run(embedder.execute("rerank", [{"texts": ["a"]}]))
+
+
+def test_missing_model_directory_is_named(aio, tmp_path):
+    missing = tmp_path / "no-such-model"
+    engine = SentenceTransformerEmbedder(model_path=missing)
+    with pytest.raises(ModelNotFoundError, match="no-such-model"):
+        aio.run(engine.start())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFoundError, match="holds no model"):
+        aio.run(SentenceTransformerEmbedder(model_path=empty).start())
+
+
+def test_not_started_and_bad_config(aio):
+    engine = SentenceTransformerEmbedder()
+    with pytest.raises(EngineNotStartedError):
+        engine.dim
+    with pytest.raises(EngineNotStartedError):
+        aio.run(engine.embed(["x"]))
+    with pytest.raises(ConfigError):
+        SentenceTransformerEmbedder(batch_size=0)
+    with pytest.raises(ConfigError):
+        SentenceTransformerEmbedder(device="tpu")
+
+
+def test_unstarted_engine_pickles_for_ray_actors():
+    engine = pickle.loads(pickle.dumps(SentenceTransformerEmbedder(batch_size=8, device="cpu")))
+    assert engine.batch_size == 8 and not engine.started
