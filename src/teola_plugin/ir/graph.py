@@ -264,6 +264,13 @@ class PGraph:
         """``(consumer, port)`` pairs that read ``ref``."""
         return list(self._users.get(ref, ()))
 
+    def type_of(self, ref: Ref) -> PortType | None:
+        """Type of the value ``ref`` names; ``None`` if it names nothing."""
+        if ref.node == INPUT:
+            return self._inputs.get(ref.port)
+        prim = self._prims.get(ref.node)
+        return prim.output_type(ref.port) if prim is not None else None
+
     def is_output(self, ref: Ref) -> bool:
         """Is ``ref`` a graph output?"""
         return bool(self._exported.get(ref))

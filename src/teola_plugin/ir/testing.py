@@ -9,10 +9,12 @@ The runtime can be checked against the same handlers.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .graph import PGraph
 from .interpreter import Interpreter
 from .node import Primitive
 from .ops import Op
@@ -33,6 +35,24 @@ def digest(*parts: object) -> int:
 
 def toy_vector(text: str, dim: int = 4) -> tuple[float, ...]:
     return tuple(((digest(text, i) % 2001) - 1000) / 1000 for i in range(dim))
+
+
+def latest_first_order(graph: PGraph) -> list[str]:
+    """A topological order that prefers the most recently added ready node: any result that
+    changes under it depended on an ordering no edge guarantees."""
+    rank = {name: i for i, name in enumerate(graph._prims)}
+    indegree = {n: len(graph.predecessors(n)) for n in rank}
+    ready = [(-rank[n], n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        for s in graph.successors(name):
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(ready, (-rank[s], s))
+    return order
 
 
 WEB = [f"web page {i} about topic {i % 7}" for i in range(40)]
@@ -57,8 +77,11 @@ class ToyEngines:
                Op.LLM_PARTIAL_PREFILL, Op.LLM_PREFILL, Op.LLM_DECODE, Op.OPAQUE]
         return {op: self._counted(op, getattr(self, op.value)) for op in ops}
 
-    def run(self, graph: Any, **inputs: Any) -> dict[str, Any]:
-        return Interpreter(graph, self.handlers()).run(**inputs)
+    def run(self, graph: PGraph, *, adversarial: bool = False, **inputs: Any) -> dict[str, Any]:
+        """Interpret ``graph`` on these engines; ``adversarial`` runs ready nodes newest
+        first, the opposite of the graph's own tie-breaking."""
+        order = latest_first_order(graph) if adversarial else None
+        return Interpreter(graph, self.handlers(), order=order).run(**inputs)
 
     def _counted(self, op: Op, fn: Handler) -> Handler:
         def handler(prim: Primitive, inputs: dict[str, Any]) -> Mapping[str, Any]:

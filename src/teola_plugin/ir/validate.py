@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Iterable
 from ..errors import GraphValidationError
 from .node import INPUT, Primitive
 from .ops import Op
-from .ports import PortType, compatible
+from .ports import compatible
 from .semantics import AGGREGATE_MODES, template_vars
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def validate(graph: PGraph, only: Iterable[str] | None = None) -> None:
     for prim in prims.values() if only is None else (prims[n] for n in only):
         _check_primitive(graph, prim)
     for name, ref in graph.outputs.items():
-        if _source_type(graph, ref) is None:
+        if graph.type_of(ref) is None:
             raise GraphValidationError(
                 f"graph output {name!r} refers to {ref}, which does not exist", node=ref.node)
     graph.topological_order()  # raises, naming the nodes on a cycle
@@ -29,13 +29,6 @@ def validate(graph: PGraph, only: Iterable[str] | None = None) -> None:
 
 def _fail(prim: Primitive, message: str) -> GraphValidationError:
     return GraphValidationError(f"{prim.describe()}: {message}", node=prim.name)
-
-
-def _source_type(graph: PGraph, ref) -> PortType | None:
-    if ref.node == INPUT:
-        return graph._inputs.get(ref.port)
-    producer = graph._prims.get(ref.node)
-    return producer.output_type(ref.port) if producer is not None else None
 
 
 def _check_primitive(graph: PGraph, prim: Primitive) -> None:
@@ -46,7 +39,7 @@ def _check_primitive(graph: PGraph, prim: Primitive) -> None:
         want = spec.input_type(port)
         if want is None:
             raise _fail(prim, f"{prim.op} has no input port {port!r} (ports: {', '.join(spec.inputs)})")
-        have = _source_type(graph, ref)
+        have = graph.type_of(ref)
         if have is None:
             if ref.node == INPUT:
                 what = f"undeclared graph input {ref.port!r}"

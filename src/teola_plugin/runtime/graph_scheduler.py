@@ -195,8 +195,8 @@ class GraphRun:
         for port, ref in prim.inputs.items():
             values[port] = local[ref] if local is not None and ref in local else await self._values[ref]
         shard = prim.shard
-        if shard is not None:
-            for port in prim.spec.split_inputs:
+        if shard is not None:  # the head of a shard chain slices; later links are pre-sliced
+            for port in prim.attrs.get("sliced", prim.spec.split_inputs):
                 if port in values:
                     values[port] = shard_slice(values[port], *shard)
         return values

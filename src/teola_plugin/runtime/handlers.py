@@ -114,7 +114,8 @@ class PrimitiveHandlers:
         return {"done": True}
 
     async def llm_prefill(self, prim, inputs, ctx):
-        params = prim.attrs.get("sampling_params")
+        # The framework's own sampling params when the lowering captured them; else greedy.
+        params = prim.attrs.get("sampling_params") or {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
         sid, first, finished, info = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(info)
         return {"state": LLMState(prim.engine, sid, list(first), finished)}

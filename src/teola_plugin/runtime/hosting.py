@@ -171,6 +171,7 @@ class EngineHandle:
     async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> tuple[str, list[Any], bool, BatchInfo]: ...
     def resume_stream(self, sid: str) -> AsyncIterator[Any]: ...
     async def close_stream(self, sid: str) -> None: ...
+    async def stats(self) -> dict[str, Any]: ...
     async def close(self) -> None: ...
 
 
@@ -198,6 +199,9 @@ class LocalHandle(EngineHandle):
 
     async def close_stream(self, sid):
         await self.server.close_stream(sid)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.server.stats()
 
     async def close(self) -> None:
         await self.server.close()
@@ -263,6 +267,9 @@ class ReplicaPool:
         if handle is not None:
             handle.outstanding -= 1
             await handle.close_stream(sid)
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(h.stats() for h in self.handles)))
 
     async def close(self) -> None:
         await asyncio.gather(*(h.close() for h in self.handles), return_exceptions=True)

@@ -53,6 +53,9 @@ class EngineActor:
     async def close(self) -> None:
         await self.server.close()
 
+    def stats(self) -> dict[str, Any]:
+        return self.server.stats()
+
     def ping(self) -> str:
         import ray
 
@@ -125,6 +128,9 @@ class RayHandle(EngineHandle):
             await self.actor.close_stream.remote(sid)
         except Exception as exc:  # the actor may be gone; nothing left to close then
             log.debug("close_stream %s on %s: %s", sid, self.name, exc)
+
+    async def stats(self) -> dict[str, Any]:
+        return await _remote(self.actor.stats.remote())
 
     async def node_id(self) -> str:
         return await self.actor.ping.remote()

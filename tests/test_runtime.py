@@ -1,0 +1,168 @@
+"""The two-layer scheduler on the real engines (Ray-hosted, shared by the session)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import pytest
+
+from teola_plugin import datasets
+from teola_plugin.errors import QueryTimeoutError
+from teola_plugin.ir import app_graphs
+from teola_plugin.ir.graph import PGraph
+from teola_plugin.ir.ports import PortType as T
+from teola_plugin.optimizer import optimize
+from teola_plugin.runtime.values import Document, IndexHandle
+
+pytestmark = pytest.mark.slow
+
+
+def hotpot_docs(question, extra: int = 20) -> list[Document]:
+    """The question's 10-paragraph context plus distractors from the corpus."""
+    corpus = {p.id: p for p in datasets.load_corpus("hotpotqa-dev-500")}
+    ids = list(question.context_ids) + [pid for pid in list(corpus)[-extra:] if pid not in question.context_ids]
+    return [Document(pid, f"{corpus[pid].title}: {corpus[pid].text}", {"title": corpus[pid].title}) for pid in ids]
+
+
+def new_index(runtime, call, dim: int = 384) -> IndexHandle:
+    name = f"q-{uuid.uuid4().hex[:10]}"
+    call(runtime.engines("vector_store").call("create_index", name, dim, route_key=name))
+    return IndexHandle(name, dim)
+
+
+def small_answers(graph: PGraph, max_tokens: int = 24) -> PGraph:
+    """Short greedy generations keep the suite fast; the graph is otherwise unchanged."""
+    for prim in list(graph.nodes):
+        if prim.op.value == "llm_prefill":
+            graph.set_attrs(prim.name, sampling_params={"temperature": 0.0, "max_tokens": max_tokens})
+    return graph
+
+
+def test_optimized_naive_rag_returns_what_the_unoptimized_graph_returns(runtime, call):
+    question = datasets.load_questions("hotpotqa-dev-500", limit=1)[0]
+    docs = hotpot_docs(question)
+    plain = small_answers(app_graphs.naive_rag(n_docs=len(docs), top_k=3))
+    fast = small_answers(optimize(app_graphs.naive_rag(n_docs=len(docs), top_k=3)))
+    assert any(p.shard for p in fast.nodes), "stage decomposition should have split ingestion"
+    out_plain = call(runtime.execute(plain, {"question": question.question, "docs": docs,
+                                             "index": new_index(runtime, call)}, timeout_s=120))
+    out_fast = call(runtime.execute(fast, {"question": question.question, "docs": docs,
+                                           "index": new_index(runtime, call)}, timeout_s=120))
+    assert [h.id for h in out_fast["sources"]] == [h.id for h in out_plain["sources"]]
+    assert len(out_plain["sources"]) == 3
+    assert out_fast["answer"] == out_plain["answer"] and out_plain["answer"].strip()
+    # every chunk of every document was inserted, none twice
+    assert set(h.id.split("#")[0] for h in out_plain["sources"]) <= {d.id for d in docs}
+
+
+def test_decode_pipelining_starts_retrieval_before_the_expansion_finishes(runtime, call):
+    question = datasets.load_questions("hotpotqa-dev-500", limit=3)[2]
+    docs = hotpot_docs(question, extra=10)
+    graph = small_answers(optimize(app_graphs.advanced_rag(num_queries=3, top_k=3, rerank_top_n=2,
+                                                           n_docs=len(docs))), max_tokens=64)
+    decode = next(p for p in graph.nodes if p.attrs.get("stream_items"))
+    qid = f"pipelined-{uuid.uuid4().hex[:6]}"
+    out = call(runtime.execute(graph, {"question": question.question, "docs": docs,
+                                       "index": new_index(runtime, call)}, query_id=qid, timeout_s=180))
+    spans = runtime.timeline.spans([qid])
+    decode_span = next(s for s in spans if s.node == decode.name)
+    item_embeds = [s for s in spans if s.op == "embed" and graph[s.node].attrs.get("stream_from") == decode.name]
+    assert len(out["sources"]) == 2
+    assert item_embeds, "each expanded query should be embedded as its own item"
+    if len(item_embeds) > 1:  # more than one line: the first item ran while decoding went on
+        assert min(s.start for s in item_embeds) < decode_span.end
+
+
+def test_concurrent_queries_never_mix_results(runtime, call):
+    questions = datasets.load_questions("squad-xquad-en", limit=100)
+    g = PGraph("echo_search")
+    q = g.input("question", T.TEXT)
+    qs = g.add("aggregate", inputs={"in0": q}, attrs={"mode": "list"})
+    s = g.add("search", inputs={"queries": qs.out()}, attrs={"top_k": 3})
+    e = g.add("embed", inputs={"texts": qs.out()})
+    g.output("hits", s.out())
+    g.output("vectors", e.out())
+    g.output("question", q)
+
+    async def all_at_once():
+        return await asyncio.gather(*(runtime.execute(g, {"question": x.question}, timeout_s=120) for x in questions))
+
+    outs = call(all_at_once())
+    alone = call(runtime.engines("search").call("search", [x.question for x in questions], 3))
+    for x, out, expected in zip(questions, outs, alone):
+        assert out["question"] == x.question
+        assert [h.id for h in out["hits"][0]] == [h.id for h in expected]
+    emb = call(runtime.engines("embedder").call("embed", [questions[7].question]))
+    assert abs(float(outs[7]["vectors"][0] @ emb[0]) - 1.0) < 1e-4
+    assert max(runtime.timeline.batch_sizes("search")) > 1  # queries shared engine batches
+
+
+def test_an_error_fails_its_query_only_with_the_original_type_and_the_primitive_named(runtime, call):
+    def broken(**_):
+        raise KeyError("component exploded")
+
+    g = PGraph("err")
+    q = g.input("question", T.TEXT)
+    op = g.add("opaque", name="custom_step", inputs={"x": q}, attrs={"fn": broken}, origin="MyPostprocessor")
+    g.output("out", op.out())
+    ok = PGraph("ok")
+    q2 = ok.input("question", T.TEXT)
+    ok.output("out", ok.add("aggregate", inputs={"in0": q2}, attrs={"mode": "list"}).out())
+
+    async def both():
+        return await asyncio.gather(runtime.execute(g, {"question": "a"}), runtime.execute(ok, {"question": "b"}),
+                                    return_exceptions=True)
+
+    bad, good = call(both())
+    assert isinstance(bad, KeyError) and "component exploded" in str(bad)
+    assert any("custom_step" in n and "MyPostprocessor" in n for n in bad.__notes__)
+    assert good == {"out": ["b"]}
+
+
+def test_a_query_past_its_timeout_fails_fast_and_clearly(runtime, call):
+    g = PGraph("slow")
+    q = g.input("question", T.TEXT)
+    g.output("out", g.add("opaque", name="sleeper", inputs={"x": q},
+                          attrs={"fn": lambda x: time.sleep(3) or x}).out())
+    t0 = time.time()
+    with pytest.raises(QueryTimeoutError, match="sleeper"):
+        call(runtime.execute(g, {"question": "a"}, timeout_s=0.3))
+    assert time.time() - t0 < 2.5
+
+
+def test_cancelling_a_query_aborts_its_generation(runtime, call):
+    g = PGraph("long")
+    q = g.input("question", T.TEXT)
+    f = g.add("format", inputs={"question": q}, attrs={"parts": ["Count from 1 to 5000: ", {"var": "question"}]})
+    p = g.add("llm_prefill", inputs={"prompt": f.out()}, attrs={"sampling_params": {"temperature": 0.0, "max_tokens": 3000,
+                                                                                     "ignore_eos": True}})
+    g.output("text", g.add("llm_decode", inputs={"state": p.out()}).out("text"))
+
+    async def start_then_cancel():
+        task = asyncio.create_task(runtime.execute(g, {"question": "1, 2, 3"}))
+        await asyncio.sleep(1.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        return await runtime.engines("llm").stats()
+
+    stats = call(start_then_cancel())
+    assert all(s["open_streams"] == 0 for s in stats)
+    # the engine is free: a short request is served right away
+    t0 = time.time()
+    call(runtime.engines("llm").call("generate", "Hi", {"max_tokens": 2}))
+    assert time.time() - t0 < 10
+
+
+def test_timeline_exports_chrome_trace_and_png(runtime, tmp_path):
+    ids = runtime.timeline.query_ids()[-3:]
+    trace = runtime.timeline.to_chrome_trace(tmp_path / "trace.json", ids)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert events == trace["traceEvents"]
+    assert any(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    png = runtime.timeline.to_png(tmp_path / "gantt.png", ids)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
