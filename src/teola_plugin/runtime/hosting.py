@@ -40,6 +40,7 @@ class EngineSpec:
     replicas: int = 1
     num_cpus: float = 0.0  # Ray resources per replica; 0 lets small engines share a node
     num_gpus: float = 0.0
+    resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources (placement)
 
     def __post_init__(self) -> None:
         if ":" not in self.factory:

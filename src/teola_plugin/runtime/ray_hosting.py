@@ -70,6 +70,7 @@ def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **option
         name=f"teola-engine-{spec.name}-{replica}-{id(spec):x}",
         num_cpus=spec.num_cpus,
         num_gpus=spec.num_gpus,
+        resources=dict(spec.resources) or None,
         max_restarts=max_restarts,
         max_concurrency=1000,  # async actor: concurrency is coroutines, not threads
         **options,

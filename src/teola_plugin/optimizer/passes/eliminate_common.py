@@ -49,7 +49,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         if not _mergeable(prim):
             continue
         key = (
-            prim.op, prim.engine, prim.outputs, _freeze(prim.attrs),
+            prim.op, prim.engine, prim.outputs,
             tuple(sorted((port, rep.get(r.node, r.node), r.port) for port, r in prim.inputs.items())),
             tuple(sorted({rep.get(a, a) for a in prim.after})),
         )

@@ -72,7 +72,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
                 {q} if not graph[q].pure else impure_before[q] for q in graph.predecessors(prim.name)))
         else:
             for target in prim.after:
-                pass
+                keep |= {target} if not graph[target].pure else impure_before[target]
         keep -= set(graph.producers(prim.name))  # already ordered by data
         if keep != prim.after:
             new_after[prim.name] = frozenset(keep)
