@@ -1,0 +1,1 @@
+"""Apps, workloads, baselines and reports (never imported by the library itself)."""
