@@ -8,8 +8,8 @@ import pytest
 
 from teola_plugin.errors import ConfigError, GraphValidationError
 from teola_plugin.ir import Op, PGraph, PortType, Ref
-from teola_plugin.ir.app_graphs import (QA_TEMPLATE, Tracer, add_retrieval, advanced_rag, naive_rag,
-                                        search_augmented)
+from teola_plugin.ir.app_graphs import (QA_TEMPLATE, Tracer, add_ingestion, add_retrieval, advanced_rag,
+                                        naive_rag, search_augmented)
 from teola_plugin.ir.testing import ToyEngines
 from teola_plugin.optimizer import CostModel, PassManager, available_passes, optimize
 from teola_plugin.optimizer.passes import DEFAULT_ORDER, Pass
@@ -54,6 +54,20 @@ def test_prune_keeps_side_effects_in_order_through_pure_nodes():
     assert out["log"].after == frozenset()  # already ordered by data
 
 
+def test_prune_keeps_a_search_before_a_later_insert_into_the_same_index():
+    g = PGraph()
+    question, docs = g.input("question", PortType.TEXT), g.input("docs", PortType.DOCS)
+    t = Tracer(g)
+    before = add_retrieval(t, question, g.input("index", PortType.INDEX), top_k=3)
+    add_ingestion(t, docs, Ref("input", "index"), n_docs=10)  # chat memory: then store
+    g.output("hits", before)
+    out = optimize(g, passes=["prune"])
+    assert out["vector_insert"].after == {"vector_search"}  # write after the earlier read
+    assert out["embed"].after == frozenset()
+    inputs = dict(question="w2", docs=DOCS, index="idx")
+    assert ToyEngines().run(out, adversarial=True, **inputs) == {"hits": []}  # nothing was stored yet
+
+
 # -- common subexpressions -----------------------------------------------------------------
 def test_cse_merges_the_same_question_embedded_twice():
     g = naive_rag()
@@ -81,6 +95,12 @@ def test_cse_never_merges_sampled_decodes():
                                  attrs={"temperature": temperature}).out("text"))
         return optimize(g, passes=["cse"])
     assert by_op(two_decodes(0.7), Op.LLM_DECODE) == ["d1", "d2"]
+    g = PGraph()
+    s = g.input("s", PortType.LLM_STATE)
+    for name in ("d1", "d2"):
+        g.output(name, g.add(Op.LLM_DECODE, name=name, inputs={"state": s},
+                             attrs={"sampling_params": {"temperature": 1.0}}).out("text"))
+    assert len(optimize(g, passes=["cse"])) == 2
     assert by_op(two_decodes(0.0), Op.LLM_DECODE) == ["d1"]
 
 
@@ -224,7 +244,7 @@ def test_input_graph_is_never_mutated_and_history_is_recorded():
     assert ("embed_1", "aggregate") in {(e.dst, e.src) for e in prune.removed_edges if e.kind == "control"}
     assert not out.history[1].changed  # nothing to merge in naive RAG
     text = out.explain()
-    assert "embed_1 no longer waits for aggregate" in text and "llm_prefill.prefix (llm_partial_prefill)" in text
+    assert "embed_1 no longer waits for aggregate" in text and "llm_prefill.partial (llm_partial_prefill)" in text
     assert text.count("critical path") == len(DEFAULT_ORDER) + 1
 
 

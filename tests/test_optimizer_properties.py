@@ -32,7 +32,7 @@ SLOW_RETRIEVAL = CostModel({"search": {"search": {"batch": [1], "latency_s": [0.
 SUBSETS = [[p for p, keep in zip(DEFAULT_ORDER, mask) if keep]
            for mask in itertools.product([False, True], repeat=len(DEFAULT_ORDER))]
 MODULES = ["ingest", "retrieve", "expand", "web", "rerank", "answer", "dead", "opaque", "short_prompt",
-           "memory"]
+           "memory", "callbacks"]
 
 
 @st.composite
@@ -45,10 +45,14 @@ def applications(draw) -> PGraph:
     hits: list[Ref] = []
     outputs = 0
     for k, module in enumerate(draw(st.lists(st.sampled_from(MODULES), min_size=1, max_size=7))):
-        if draw(st.booleans()):
+        if draw(st.integers(0, 3)) == 0:
             t.last = None  # a module the framework did not order after the previous one
         if module == "ingest":
             index = add_ingestion(t, docs, index, n_docs=draw(st.sampled_from([1, 12, 40, 300])))
+        elif module == "callbacks":  # two side effects whose order only a kept wait preserves
+            for phase in ("start", "end"):
+                t.add(Op.OPAQUE, inputs={"q": question}, attrs={"tag": f"{phase}{k}"}, outputs=["out"],
+                      origin="CallbackManager")
         elif module == "memory":  # chat memory: retrieve, then store into the same index
             hits.append(add_retrieval(t, question, index, top_k=draw(st.integers(1, 4))))
             index = add_ingestion(t, docs, index, n_docs=draw(st.sampled_from([1, 40])))

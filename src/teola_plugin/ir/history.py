@@ -105,8 +105,10 @@ def describe(record: PassRecord, graph: PGraph | None = None) -> list[str]:
     if kept := edits(record.added_edges, "control"):
         lines.append("added control deps: " + _names(f"{e.dst} waits for {e.src}" for e in kept))
     if rewired := edits(record.added_edges, "data"):
-        lines.append("rewired: " + _names(f"{e.dst}.{e.dst_port} now reads {e.src}.{e.src_port}"
-                                          for e in rewired))
+        was_bound = {(e.dst, e.dst_port) for e in record.removed_edges if e.kind == "data"}
+        lines.append("rewired: " + _names(
+            f"{e.dst}.{e.dst_port} {'now' if (e.dst, e.dst_port) in was_bound else 'newly'} reads "
+            f"{e.src}.{e.src_port}" for e in rewired))
     if record.changed_nodes:
         lines.append(f"changed attrs of {_names(record.changed_nodes, graph)}")
     if record.rebound_outputs:

@@ -1,10 +1,11 @@
 """The lower scheduling layer: one per engine instance, shared by every in-flight query.
 
-Requests (one primitive each, from any query) wait in a priority queue per op. The
-dispatcher forms a batch when an engine slot is free: the highest-priority requests of
-one op, up to ``max_batch_size``; if the batch is not full it waits until the oldest
-request has waited ``max_wait_s`` (more requests may arrive, from other queries: that is
-where concurrent queries win). No polling: the dispatcher sleeps on an event that
+Requests (one primitive each, from any query) wait in a priority queue per op. Whenever
+an engine slot is free, the dispatcher takes the highest-priority requests of one op, up
+to ``max_batch_size``, as one batch. That is work-conserving: an idle engine starts at
+once, and while it is busy the requests of many queries pile up and leave together as the
+next batch (where concurrent queries win). ``max_wait_s > 0`` optionally holds an idle
+engine back for a fuller batch. No polling: the dispatcher sleeps on an event that
 submissions, finished batches and the max-wait timer set.
 
 Streams (LLM generation) are admitted through the same queue and slots, so the

@@ -34,14 +34,17 @@ class BatchPolicy:
     """How one engine forms batches.
 
     max_batch_size  requests merged into one engine call (vLLM: how many are in flight)
-    max_wait_s      how long the oldest request may wait for the batch to fill; 0 = never wait
+    max_wait_s      how long the oldest request may wait for a fuller batch while the engine
+                    has a free slot. 0 (the default) is work-conserving: an idle engine starts
+                    at once, and while it is busy requests pile up and leave together as the
+                    next batch, which batches across queries without adding any delay
     max_concurrent  batches running at once on this engine (1 for a CPU model: two
                     batches would only fight for the same cores)
     priority        "topology" (the rule above) or "fifo"
     """
 
     max_batch_size: int = 32
-    max_wait_s: float = 0.002
+    max_wait_s: float = 0.0
     max_concurrent: int = 1
     priority: str = "topology"
 
@@ -68,11 +71,11 @@ PRIORITY_RULES = {"topology": topology_key, "fifo": fifo_key}
 # Defaults per engine kind. vLLM batches continuously inside itself, so its scheduler only
 # orders admission: many in flight, no waiting. CPU models run one batch at a time.
 DEFAULT_POLICIES: dict[str, BatchPolicy] = {
-    "llm": BatchPolicy(max_batch_size=64, max_wait_s=0.0, max_concurrent=64),
-    "embedder": BatchPolicy(max_batch_size=64, max_wait_s=0.003, max_concurrent=1),
-    "vector_store": BatchPolicy(max_batch_size=64, max_wait_s=0.001, max_concurrent=2),
-    "reranker": BatchPolicy(max_batch_size=32, max_wait_s=0.003, max_concurrent=1),
-    "search": BatchPolicy(max_batch_size=64, max_wait_s=0.001, max_concurrent=2),
+    "llm": BatchPolicy(max_batch_size=64, max_concurrent=64),
+    "embedder": BatchPolicy(max_batch_size=64, max_concurrent=1),
+    "vector_store": BatchPolicy(max_batch_size=64, max_concurrent=1),
+    "reranker": BatchPolicy(max_batch_size=32, max_concurrent=1),
+    "search": BatchPolicy(max_batch_size=64, max_concurrent=1),
 }
 
 

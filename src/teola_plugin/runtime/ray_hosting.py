@@ -37,6 +37,17 @@ class EngineActor:
     async def submit(self, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[Any, BatchInfo]:
         return await self.server.submit(op, payload, priority)
 
+    async def submit_many(self, items: list[tuple[str, Mapping[str, Any], Priority]]) -> list[tuple[bool, Any]]:
+        """Several requests in one actor call; each answers (ok, result or exception)."""
+
+        async def one(op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[bool, Any]:
+            try:
+                return True, await self.server.submit(op, payload, priority)
+            except Exception as exc:
+                return False, exc
+
+        return list(await asyncio.gather(*(one(*item) for item in items)))
+
     async def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await self.server.call(method, *args, **kwargs)
 
@@ -98,20 +109,51 @@ class RayHandle(EngineHandle):
         self.name = spec.name
         self.spec = spec
         self.actor = create_actor(spec, replica, **actor_options)
+        self._pending: list[tuple[str, Any, Priority, asyncio.Future[Any]]] = []
 
     async def start(self) -> dict[str, Any]:
         return await _remote(self.actor.start.remote())
 
     async def submit(self, op, payload, priority):
+        """Queue the request for the next coalesced actor call (sent at the next loop turn),
+        so primitives dispatched together cost one Ray round trip, not one each."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((op, payload, priority, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if batch:
+            asyncio.get_running_loop().create_task(self._send(batch, retry=True))
+
+    async def _send(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any]]], retry: bool) -> None:
         from ray.exceptions import RayActorError
 
         try:
-            return await _remote(self.actor.submit.remote(op, payload, priority))
+            answers = await _remote(self.actor.submit_many.remote([(op, p, pr) for op, p, pr, _ in batch]))
         except RayActorError as exc:
-            if op not in IDEMPOTENT_OPS:
+            again = [b for b in batch if b[0] in IDEMPOTENT_OPS] if retry else []
+            for op, _, _, future in batch:
+                if not future.done() and not (retry and op in IDEMPOTENT_OPS):
+                    future.set_exception(exc)
+            if again:
+                log.warning("engine %s died (%s); retrying %d idempotent request(s) once on the restarted actor",
+                            self.name, exc, len(again))
+                await self._send(again, retry=False)
+            return
+        except BaseException as exc:
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
                 raise
-            log.warning("engine %s died during %s (%s); retrying once on the restarted actor", self.name, op, exc)
-            return await _remote(self.actor.submit.remote(op, payload, priority))
+            return
+        for (*_, future), (ok, value) in zip(batch, answers):
+            if not future.done():
+                future.set_result(value) if ok else future.set_exception(value)
 
     async def call(self, method, *args, **kwargs):
         return await _remote(self.actor.call.remote(method, args, kwargs))

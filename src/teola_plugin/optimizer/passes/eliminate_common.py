@@ -36,10 +36,14 @@ def _freeze(value: Any) -> Hashable:
     return value
 
 
+def _samples(prim: Primitive) -> bool:
+    params = prim.attrs.get("sampling_params") or {}
+    temperature = prim.attrs.get("temperature", params.get("temperature", 0))
+    return prim.op is Op.LLM_DECODE and float(temperature or 0) > 0
+
+
 def _mergeable(prim: Primitive) -> bool:
-    if not prim.pure:
-        return False
-    return not (prim.op is Op.LLM_DECODE and float(prim.attrs.get("temperature", 0) or 0) > 0)
+    return prim.pure and not _samples(prim)
 
 
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
@@ -49,7 +53,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         if not _mergeable(prim):
             continue
         key = (
-            prim.op, prim.engine, prim.outputs,
+            prim.op, prim.engine, prim.outputs, _freeze(prim.attrs),
             tuple(sorted((port, rep.get(r.node, r.node), r.port) for port, r in prim.inputs.items())),
             tuple(sorted({rep.get(a, a) for a in prim.after})),
         )

@@ -93,7 +93,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
                    origin=fmt.origin, after=fmt.after,
                    inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
                    attrs={"parts": list(prefix), "prefix_of": fmt_name})
-        pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.prefix"),
+        pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.partial"),
                    engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},
                    attrs={"est_prompt_tokens": tokens, "prefix_of": prefill_name})
         g.set_input(prefill_name, "prefix", pp.out("done"))

@@ -1,0 +1,51 @@
+"""Latency-vs-batch profiles of the engines, written as the cost model's profile JSON.
+
+    .venv/bin/python scripts/bench_engines.py [--out docs/benchmarks/engine_profiles.json]
+                                              [--repeats 3] [--only embedder search ...]
+
+This part covers the retrieval-side engines (embedder, vector_store, reranker, search);
+see teola_plugin.bench.engine_profiles for what each curve measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from teola_plugin.bench.engine_profiles import profile_engines
+
+RETRIEVAL_ENGINES = ("embedder", "vector_store", "reranker", "search")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/benchmarks/engine_profiles.json")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=list(RETRIEVAL_ENGINES), choices=RETRIEVAL_ENGINES)
+    args = ap.parse_args(argv)
+
+    result = profile_engines(repeats=args.repeats, which=args.only)
+    result["meta"] = {
+        "device": f"cpu ({os.cpu_count()} cores, {platform.machine()})",
+        "python": sys.version.split()[0],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "repeats": args.repeats,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for kind, ops in result["profiles"].items():
+        for op, c in ops.items():
+            pts = ", ".join(f"b={b}: {l * 1000:.1f} ms ({t}/s)" for b, l, t in zip(c["batch"], c["latency_s"], c["throughput_per_s"]))
+            print(f"{kind}.{op}: {pts}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

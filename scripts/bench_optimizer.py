@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Time the full optimizer (PassManager with every pass) on graphs of 10 to 10,000 primitives.
+
+The graphs are many independent applications in one PGraph (naive RAG, advanced RAG,
+search-augmented generation, round robin), as a runtime batching many queries would see.
+Writes docs/benchmarks/optimizer.json and prints a table. Target: < 50 ms for 1,000
+primitives, roughly linear.
+
+    python scripts/bench_optimizer.py [--sizes 10 100 1000 10000] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from teola_plugin.ir import app_graphs  # noqa: E402
+from teola_plugin.ir.graph import PGraph  # noqa: E402
+from teola_plugin.optimizer import CostModel, PassContext, PassManager  # noqa: E402
+from teola_plugin.optimizer.passes import PASSES  # noqa: E402
+
+BUILDERS = (app_graphs.build_naive_rag, app_graphs.build_advanced_rag, app_graphs.build_search_augmented)
+
+
+def many_apps(target: int) -> PGraph:
+    g = PGraph(f"apps_{target}")
+    i = 0
+    while len(g) < target:
+        BUILDERS[i % len(BUILDERS)](g, prefix=f"q{i}_")
+        i += 1
+    return g
+
+
+def per_pass_ms(graph: PGraph, cost: CostModel) -> dict[str, float]:
+    """Each pass alone on the output of the previous ones (no validation or history)."""
+    times: dict[str, float] = {}
+    ctx_cache: dict = {}
+    for name, p in PASSES.items():
+        start = time.perf_counter()
+        graph = p.run(graph, PassContext(cost, cost_cache=ctx_cache))
+        times[name] = (time.perf_counter() - start) * 1e3
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "optimizer.json")
+    args = parser.parse_args()
+
+    cost, manager = CostModel.default(), PassManager()
+    rows = []
+    for size in args.sizes:
+        graph = many_apps(size)
+        repeat = args.repeat if size <= 1000 else max(2, args.repeat // 3)
+        runs, result = [], None
+        for _ in range(repeat):
+            start = time.perf_counter()
+            result = manager.run(graph, cost)
+            runs.append((time.perf_counter() - start) * 1e3)
+        rows.append({
+            "target": size, "primitives_in": len(graph), "primitives_out": len(result),
+            "ms_min": round(min(runs), 2), "ms_median": round(statistics.median(runs), 2),
+            "us_per_primitive": round(min(runs) * 1e3 / len(graph), 1),
+            "passes_ms": {k: round(v, 2) for k, v in per_pass_ms(graph, cost).items()},
+        })
+
+    header = f"{'primitives':>10} {'after':>7} {'min ms':>9} {'median ms':>10} {'us/prim':>8}"
+    print(header)
+    for r in rows:
+        print(f"{r['primitives_in']:>10} {r['primitives_out']:>7} {r['ms_min']:>9.2f} "
+              f"{r['ms_median']:>10.2f} {r['us_per_primitive']:>8.1f}")
+    print("per pass (ms) at the largest size:",
+          ", ".join(f"{k} {v:.1f}" for k, v in rows[-1]["passes_ms"].items()))
+    report = {
+        "what": "PassManager().run(graph) with all passes, validation, history and critical paths",
+        "graphs": "independent naive / advanced / search-augmented apps in one PGraph, round robin",
+        "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2), "repeat": args.repeat, "results": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+
+
+if __name__ == "__main__":
+    main()

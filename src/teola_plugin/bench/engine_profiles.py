@@ -1,0 +1,210 @@
+"""Latency-vs-batch profiles of the retrieval-side engines (embedder, vector store,
+reranker, BM25 search), in the format the optimizer's cost model reads
+(:mod:`teola_plugin.optimizer.cost`)::
+
+    {"profiles": {"embedder": {"embed": {"batch": [1, 8, 32, 64], "latency_s": [...]}}, ...}}
+
+``batch`` counts the cost model's work items of one engine call: texts (embed), vectors
+(vector_insert), query vectors (vector_search), hits scored for one query (rerank),
+queries (search). ``latency_s`` is the median wall time of that call over ``repeats``
+runs after one warm-up; each curve also carries ``throughput_per_s`` (items / latency)
+and ``item`` (what was measured), which the cost model ignores.
+
+Each ``bench_*`` coroutine takes a started engine, or starts (and closes) a default one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import datasets
+from ..engines import BM25SearchEngine, ChromaVectorStore, Hit, Reranker, SentenceTransformerEmbedder
+
+__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "profile_engines"]
+
+EMBED_BATCHES = (1, 8, 32, 64)
+INSERT_BATCHES = (1, 64, 256)
+SEARCH_BATCHES = (1, 16, 64)
+RERANK_BATCHES = (1, 16, 64)
+
+
+async def _median_latency(call: Callable[[int], Awaitable[Any]], repeats: int) -> float:
+    """Median wall time of ``call(i)`` for i in 1..repeats, after a warm-up ``call(0)``."""
+    await call(0)
+    times = []
+    for i in range(1, repeats + 1):
+        t0 = time.perf_counter()
+        await call(i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _curve(batches: Sequence[int], latencies: Sequence[float], item: str) -> dict[str, Any]:
+    return {
+        "batch": list(batches),
+        "latency_s": [round(x, 6) for x in latencies],
+        "throughput_per_s": [round(b / x, 2) if x > 0 else None for b, x in zip(batches, latencies)],
+        "item": item,
+    }
+
+
+def _window(items: Sequence[Any], start: int, n: int) -> list[Any]:
+    """``n`` items starting at ``start``, wrapping around (distinct calls see distinct items)."""
+    return [items[(start + j) % len(items)] for j in range(n)]
+
+
+async def _own(engine, factory):
+    if engine is not None:
+        return engine, False
+    engine = factory()
+    await engine.start()
+    return engine, True
+
+
+def _passages() -> list[datasets.Passage]:
+    return datasets.load_corpus("squad-xquad-en")
+
+
+PASSAGE_ITEM = "SQuAD paragraph (mean 784 characters, ~160 tokens)"
+
+
+async def bench_embedder(
+    engine: SentenceTransformerEmbedder | None = None,
+    batch_sizes: Sequence[int] = EMBED_BATCHES,
+    repeats: int = 3,
+    texts: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``{"embed": curve}``: one ``embed`` call of b texts (default: SQuAD paragraphs, the
+    size of typical RAG chunks; a short question costs about a fifth of one)."""
+    engine, owned = await _own(engine, SentenceTransformerEmbedder)
+    try:
+        pool = list(texts) if texts is not None else [p.text for p in _passages()]
+        lat = []
+        for b in batch_sizes:
+            lat.append(await _median_latency(lambda i, b=b: engine.embed(_window(pool, i * b, b)), repeats))
+        return {"embed": _curve(batch_sizes, lat, "text" if texts is not None else PASSAGE_ITEM)}
+    finally:
+        if owned:
+            await engine.close()
+
+
+async def bench_vector_store(
+    engine: ChromaVectorStore | None = None,
+    insert_batches: Sequence[int] = INSERT_BATCHES,
+    search_batches: Sequence[int] = SEARCH_BATCHES,
+    repeats: int = 3,
+    dim: int = 384,
+    base_size: int = 5000,
+    k: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """``{"vector_insert": curve, "vector_search": curve}`` on an index pre-filled with
+    ``base_size`` random unit vectors (about the bundled corpora's size): inserts of b new
+    vectors, and one search call of b query vectors for the top ``k``."""
+    engine, owned = await _own(engine, ChromaVectorStore)
+    rng = np.random.default_rng(seed)
+
+    def unit(n: int) -> np.ndarray:
+        v = rng.standard_normal((n, dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    name = f"bench-{seed}-{int(time.time() * 1000)}"
+    try:
+        await engine.create_index(name, dim, exist_ok=False)
+        base = unit(base_size)
+        for s in range(0, base_size, 1000):
+            chunk = base[s : s + 1000]
+            await engine.insert(name, [f"base{s + j}" for j in range(len(chunk))], chunk, [""] * len(chunk))
+        counter = iter(range(10**9))
+
+        async def insert(b: int) -> None:
+            vecs = unit(b)
+            ids = [f"new{next(counter)}" for _ in range(b)]
+            await engine.insert(name, ids, vecs, [""] * b)
+
+        ins = [await _median_latency(lambda i, b=b: insert(b), repeats) for b in insert_batches]
+        queries = unit(max(search_batches) * (repeats + 1))
+        sea = [
+            await _median_latency(lambda i, b=b: engine.search(name, _window(queries, i * b, b), k), repeats)
+            for b in search_batches
+        ]
+        return {
+            "vector_insert": _curve(insert_batches, ins, f"{dim}-d vector into a ~{base_size}-vector HNSW index"),
+            "vector_search": _curve(search_batches, sea, f"{dim}-d query vector, top {k} of ~{base_size}"),
+        }
+    finally:
+        try:
+            await engine.delete_index(name)
+        finally:
+            if owned:
+                await engine.close()
+
+
+async def bench_reranker(
+    engine: Reranker | None = None,
+    batch_sizes: Sequence[int] = RERANK_BATCHES,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """``{"rerank": curve}``: one query reranking b distinct SQuAD paragraphs."""
+    engine, owned = await _own(engine, Reranker)
+    try:
+        ps = _passages()
+        qs = datasets.load_questions("squad-xquad-en", seed=0)
+        hits = [Hit(p.id, 0.0, p.text) for p in ps]
+        lat = []
+        for b in batch_sizes:
+            lat.append(
+                await _median_latency(
+                    lambda i, b=b: engine.rerank(qs[i].question, _window(hits, i * b, b), top_n=min(b, 5)), repeats
+                )
+            )
+        return {"rerank": _curve(batch_sizes, lat, f"hit scored ({engine.mode}; {PASSAGE_ITEM})")}
+    finally:
+        if owned:
+            await engine.close()
+
+
+async def bench_search(
+    engine: BM25SearchEngine | None = None,
+    batch_sizes: Sequence[int] = SEARCH_BATCHES,
+    repeats: int = 3,
+    k: int = 5,
+) -> dict[str, Any]:
+    """``{"search": curve}``: one call of b questions over the engine's corpus (default: the
+    combined 5,098-passage corpus), top ``k`` each."""
+    engine, owned = await _own(engine, BM25SearchEngine)
+    try:
+        qs = [q.question for q in datasets.load_questions("squad-xquad-en", seed=1)]
+        lat = [
+            await _median_latency(lambda i, b=b: engine.search(_window(qs, i * b, b), k), repeats)
+            for b in batch_sizes
+        ]
+        return {"search": _curve(batch_sizes, lat, f"query, BM25 top {k} of {engine.size} passages")}
+    finally:
+        if owned:
+            await engine.close()
+
+
+def profile_engines(repeats: int = 3, which: Sequence[str] = ("embedder", "vector_store", "reranker", "search")) -> dict[str, Any]:
+    """Run the benchmarks of ``which`` engines (each started and closed here) and return
+    ``{"profiles": {kind: {op: curve}}}``. Blocking; do not call from a running event loop."""
+    benches = {
+        "embedder": bench_embedder,
+        "vector_store": bench_vector_store,
+        "reranker": bench_reranker,
+        "search": bench_search,
+    }
+    unknown = set(which) - set(benches)
+    if unknown:
+        raise ValueError(f"unknown engine kinds {sorted(unknown)}; choose from {sorted(benches)}")
+
+    async def run() -> dict[str, Any]:
+        return {kind: await benches[kind](repeats=repeats) for kind in which}
+
+    return {"profiles": asyncio.run(run())}
