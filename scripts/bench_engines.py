@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_engines.py [--out docs/benchmarks/engine_profiles.json]
                                               [--repeats 3] [--only embedder search ...]
 
-This part covers the retrieval-side engines (embedder, vector_store, reranker, search);
-see teola_plugin.bench.engine_profiles for what each curve measures.
+Covers every engine: embedder, vector_store, reranker, search and the vLLM llm; see
+teola_plugin.bench.engine_profiles for what each curve measures. Throughput at batch 1
+and batch N is each curve's ``throughput_per_s``.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from pathlib import Path
 
 from teola_plugin.bench.engine_profiles import profile_engines
 
-RETRIEVAL_ENGINES = ("embedder", "vector_store", "reranker", "search")
+ENGINES = ("embedder", "vector_store", "reranker", "search", "llm")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/benchmarks/engine_profiles.json")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", nargs="*", default=list(RETRIEVAL_ENGINES), choices=RETRIEVAL_ENGINES)
+    ap.add_argument("--only", nargs="*", default=list(ENGINES), choices=ENGINES)
     args = ap.parse_args(argv)
 
     result = profile_engines(repeats=args.repeats, which=args.only)

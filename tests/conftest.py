@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-import pytest
+# The same defaults as scripts/runtime_env.sh, for runs of pytest outside `make test`.
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+    "ANONYMIZED_TELEMETRY": "False",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # The runtime-hosted engines (one Ray runtime, vLLM loaded once): runtime, llm, call.
 from tests.fixtures_runtime import call, llm, runtime  # noqa: E402,F401
@@ -94,16 +108,21 @@ def vector_store(aio):
 
 
 @pytest.fixture(scope="session")
-def corpus_embeddings(aio, embedder, request) -> Callable[[str], tuple[list, np.ndarray]]:
+def corpus_embeddings(aio, embedder) -> Callable[[str], tuple[list, np.ndarray]]:
     """``get(name) -> (passages, embeddings)`` for a bundled corpus, embedded by the embedder.
 
     Long passages embed at ~40/s on 2 CPU cores (hotpotqa-dev-500 takes ~2 min), so the
-    result is also kept in pytest's cache directory, keyed by the model and the exact
-    texts: later sessions load it in milliseconds. ``pytest --cache-clear`` recomputes.
+    result is kept on disk, keyed by the model and the exact texts, and later sessions
+    load it in milliseconds: under ``$TEOLA_CACHE_DIR`` (default
+    ``$XDG_CACHE_HOME/teola_plugin``, i.e. ``~/.cache/teola_plugin``), outside the work
+    tree so that fresh clones on the same machine (CI) reuse it. Delete it to recompute.
     """
     from teola_plugin import datasets
 
-    cache_dir = request.config.cache.mkdir("teola-corpus-embeddings")
+    root = os.environ.get("TEOLA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "teola_plugin")
+    cache_dir = Path(root) / "test-corpus-embeddings"
+    cache_dir.mkdir(parents=True, exist_ok=True)
     model_id = embedder.describe()["model_path"]
     memo: dict[str, tuple[list, np.ndarray]] = {}
 
@@ -118,7 +137,9 @@ def corpus_embeddings(aio, embedder, request) -> Callable[[str], tuple[list, np.
                 emb = np.load(path)
             else:
                 emb = aio.run(embedder.embed([p.text for p in passages]))
-                np.save(path, emb)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+                np.save(tmp, emb)
+                os.replace(tmp, path)  # atomic: a concurrent session never reads half a file
             memo[name] = (passages, emb)
         return memo[name]
 

@@ -83,7 +83,7 @@ def test_missing_model_directory_is_named(aio, tmp_path):
 def test_not_started_and_bad_config(aio):
     engine = SentenceTransformerEmbedder()
     with pytest.raises(EngineNotStartedError):
-        engine.dim
+        _ = engine.dim
     with pytest.raises(EngineNotStartedError):
         aio.run(engine.embed(["x"]))
     with pytest.raises(ConfigError):

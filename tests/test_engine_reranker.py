@@ -134,3 +134,27 @@ def test_config_checks_and_pickling():
         Reranker(cross_encoder_path="/a", bi_encoder_path="/b")
     r = pickle.loads(pickle.dumps(Reranker(batch_size=4)))
     assert r.batch_size == 4 and r.mode == "bi-encoder" and not r.started
+
+
+def test_embedder_and_reranker_share_one_model_safely_under_concurrency(aio, embedder, reranker):
+    # Both default engines run the same MiniLM weights (one copy per process); calls from
+    # both at once must neither fail (fast tokenizers are not thread-safe) nor mix results.
+    import asyncio
+
+    from teola_plugin.engines import embedder as emb_mod
+
+    assert len(emb_mod._SHARED) == 1
+    texts = [f"Sentence number {i} about topic {i % 3}." for i in range(12)]
+    hits = [Hit(str(i), 0.0, t) for i, t in enumerate(texts)]
+
+    async def many():
+        return await asyncio.gather(
+            *[embedder.embed(texts[i : i + 4]) for i in range(0, 12, 4)],
+            *[reranker.rerank(f"topic {j}", hits, top_n=3) for j in range(3)],
+        )
+
+    out = aio.run(many())
+    ref = aio.run(embedder.embed(texts))
+    for n, block in enumerate(out[:3]):
+        assert np.abs(block - ref[4 * n : 4 * n + 4]).max() < 1e-5
+    assert all(len(r) == 3 for r in out[3:])

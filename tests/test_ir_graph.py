@@ -93,9 +93,8 @@ def test_copy_is_independent_and_shares_untouched_primitives():
 
 def test_frozen_graph_refuses_edits():
     g = small_graph()
-    with g.frozen():
-        with pytest.raises(RuntimeError, match="frozen"):
-            g.set_attrs("embed", x=1)
+    with g.frozen(), pytest.raises(RuntimeError, match="frozen"):
+        g.set_attrs("embed", x=1)
     g.set_attrs("embed", x=1)  # unfrozen again
 
 

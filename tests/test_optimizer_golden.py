@@ -185,8 +185,10 @@ def test_split_prefill_skips_short_prefixes_and_fully_known_prompts():
     g = PGraph()
     q, ctx = g.input("q", PortType.TEXT), g.input("ctx", PortType.HITS)
     hits = g.add(Op.RERANK, inputs={"query": q, "hits": ctx}, attrs={"est_latency_s": 5.0})
-    fmt = g.add(Op.FORMAT, inputs={"q": q, "c": hits.out()}, attrs={"parts": ["Q: ", {"var": "q"}, {"var": "c"}]})
-    g.output("a", g.add(Op.LLM_DECODE, inputs={"state": g.add(Op.LLM_PREFILL, inputs={"prompt": fmt.out()}).out()}).out("text"))
+    fmt = g.add(Op.FORMAT, inputs={"q": q, "c": hits.out()},
+                attrs={"parts": ["Q: ", {"var": "q"}, {"var": "c"}]})  # a 3-character known prefix
+    prefill = g.add(Op.LLM_PREFILL, inputs={"prompt": fmt.out()})
+    g.output("a", g.add(Op.LLM_DECODE, inputs={"state": prefill.out()}).out("text"))
     assert not by_op(optimize(g, passes=["split_prefill"]), Op.LLM_PARTIAL_PREFILL)
     # advanced RAG's expansion prompt is known entirely up front: nothing to split there
     out = optimize(advanced_rag(), passes=["prune", "split_prefill"])

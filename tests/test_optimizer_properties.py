@@ -4,9 +4,11 @@ touches its input.
 
 The graphs are built from the same module lowerings the tracer uses (ingestion,
 retrieval, query expansion, web search, rerank, answer), in random combinations and
-sizes, sometimes with module-order waits, duplicates, dead work and opaque side effects;
-"memory" reads an index and then writes it
-(order that only a kept control dependency preserves); the engines are ToyEngines: deterministic, and elementwise where an op claims to be.
+sizes, sometimes without module-order waits, with duplicates, dead work, opaque side
+effects, and reads of an index that is written afterwards (order that only a kept
+control dependency preserves). The engines are ToyEngines: deterministic, and
+elementwise where an op claims to be. Applications that are themselves racy (their
+result depends on tie-breaking between unordered nodes) are discarded.
 """
 
 from __future__ import annotations

@@ -355,11 +355,17 @@ class ChromaVectorStore(Engine):
                         raise EngineInputError(f"insert request {i}: ids also inserted by another request: {sorted(clash)[:5]}")
                     seen.update(parsed[i][2])
                 coll = parsed[members[0]][0]
-                existing = await asyncio.to_thread(lambda: coll.get(ids=sorted(seen), include=[])["ids"])
+                existing = await asyncio.to_thread(self._existing_ids, coll, sorted(seen))
                 if existing:
                     raise EngineInputError(f"ids already in index {index!r}: {sorted(existing)[:5]}")
             await asyncio.to_thread(self._write, parsed, groups)
         return [len(p[2]) for p in parsed]
+
+    def _existing_ids(self, coll: Any, ids: list[str]) -> list[str]:
+        found: list[str] = []
+        for s in range(0, len(ids), self._max_batch):
+            found.extend(coll.get(ids=ids[s : s + self._max_batch], include=[])["ids"])
+        return found
 
     def _write(self, parsed: list[tuple], groups: dict[str, list[int]]) -> None:
         written: list[tuple[Any, list[str]]] = []

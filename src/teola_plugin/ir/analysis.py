@@ -40,9 +40,10 @@ def finish_times(graph: PGraph, cost_model: CostFn) -> tuple[dict[str, float], d
     cost = as_cost_fn(cost_model)
     finish: dict[str, float] = {}
     via: dict[str, str | None] = {}
-    prims, preds = graph._prims, graph.predecessors
+    prims, preds, get = graph._prims, graph.predecessors, finish.__getitem__
     for name in graph.topological_order():
-        best = max(preds(name), key=finish.__getitem__, default=None)  # first max
+        ps = preds(name)
+        best = max(ps, key=get) if ps else None  # the first of equal maxima: deterministic
         finish[name] = (finish[best] if best is not None else 0.0) + cost(prims[name])
         via[name] = best
     return finish, via

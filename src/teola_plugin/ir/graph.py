@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping
 
 from ..errors import GraphValidationError
 from . import analysis, history, render, validate as _validate
+from .multiindex import MultiIndex
 from .node import INPUT, RESERVED, FrozenDict, Primitive, Ref
 from .ops import OPS, Op, parse_op
 from .ports import PortType
@@ -53,12 +54,14 @@ class PGraph:
         self._counts: dict[str, int] = {}  # per base name, for auto names embed, embed_1, ...
         self._inputs: dict[str, PortType] = {}
         self._outputs: dict[str, Ref] = {}
-        # Reverse index; dicts as ordered sets, so every iteration order is deterministic.
-        self._users: dict[Ref, dict[_Use, None]] = {}
-        self._followers: dict[str, dict[str, None]] = {}  # node -> nodes that list it in `after`
-        self._exported: dict[Ref, dict[str, None]] = {}  # ref -> graph outputs naming it
+        # Reverse index: who reads each value, who waits on each node, which outputs name a value.
+        self._users = MultiIndex()  # Ref -> (consumer, port)
+        self._followers = MultiIndex()  # node -> nodes that list it in `after`
+        self._exported = MultiIndex()  # Ref -> graph output names
         self._preds: dict[str, tuple[str, ...]] = {}  # cache, filled on demand
         self._order: list[str] | None = None  # cache
+        self._order_has_removed = False
+        self._forward: set[str] = set()  # names referenced before they were added
         self._frozen = False
         self.history: list[PassRecord] = []
 
@@ -98,24 +101,26 @@ class PGraph:
         if spec.variadic_outputs:
             outs = tuple(outputs) if outputs is not None else ("out",)
         else:
-            outs = tuple(spec.outputs)
+            outs = spec.output_names
             if outputs is not None and tuple(outputs) != outs:
                 raise GraphValidationError(
                     f"primitive {name!r}: {parsed} has fixed outputs {list(outs)}", node=name)
         prim = Primitive(
-            name=name, op=parsed, engine=engine or spec.engine, inputs=FrozenDict(inputs or {}),
-            attrs=FrozenDict(attrs or {}), origin=origin, outputs=outs,
-            after=frozenset(a.name if isinstance(a, Primitive) else a for a in after))
+            name=name, op=parsed, engine=engine or spec.engine,
+            inputs=inputs if type(inputs) is FrozenDict else FrozenDict(inputs or {}),
+            attrs=attrs if type(attrs) is FrozenDict else FrozenDict(attrs or {}), origin=origin, outputs=outs,
+            after=frozenset(a.name if isinstance(a, Primitive) else a for a in after) if after else frozenset())
         self._prims[name] = prim
         self._seq[name] = self._next_seq
         self._next_seq += 1
         self._link(prim)
-        # Readers and waiters that referred to `name` before it existed gain an edge now.
-        for port in outs:
-            for consumer, _ in self._users.get(Ref(name, port), ()):
-                self._preds.pop(consumer, None)
-        for follower in self._followers.get(name, ()):
-            self._preds.pop(follower, None)
+        if name in self._forward:  # nodes that referred to `name` before it existed gain an edge
+            self._forward.discard(name)
+            for port in outs:
+                for consumer, _ in self._users.get(Ref(name, port), ()):
+                    self._preds.pop(consumer, None)
+            for follower in self._followers.get(name, ()):
+                self._preds.pop(follower, None)
         self._order = None
         return prim
 
@@ -123,9 +128,9 @@ class PGraph:
         """Declare (or rebind) graph output ``name``."""
         self._check_mutable()
         if name in self._outputs:
-            self._exported[self._outputs[name]].pop(name)
+            self._exported.discard(self._outputs[name], name)
         self._outputs[name] = ref
-        self._exported.setdefault(ref, {})[name] = None
+        self._exported.add(ref, name)
 
     def ref(self, node: str, port: str) -> Ref:
         return Ref(INPUT, port) if node == INPUT else self[node].out(port)
@@ -197,10 +202,10 @@ class PGraph:
         self._unlink(prim)
         del self._prims[name], self._seq[name]
         for port in prim.outputs:
-            self._users.pop(Ref(name, port), None)
-        self._followers.pop(name, None)
+            self._users.pop(Ref(name, port))
+        self._followers.pop(name)
         self._preds.pop(name, None)
-        self._order = None
+        self._order_has_removed = True  # still a valid order once the name is filtered out
 
     def copy(self) -> PGraph:
         """An independent, editable graph sharing the (immutable) primitives."""
@@ -212,11 +217,13 @@ class PGraph:
         g._counts = dict(self._counts)
         g._inputs = dict(self._inputs)
         g._outputs = dict(self._outputs)
-        g._users = {ref: dict(uses) for ref, uses in self._users.items()}
-        g._followers = {n: dict(f) for n, f in self._followers.items()}
-        g._exported = {ref: dict(names) for ref, names in self._exported.items()}
+        g._users = self._users.copy()
+        g._followers = self._followers.copy()
+        g._exported = self._exported.copy()
         g._preds = dict(self._preds)
         g._order = self._order  # never mutated in place, only replaced
+        g._order_has_removed = self._order_has_removed
+        g._forward = set(self._forward)
         g._frozen = False
         g.history = list(self.history)
         return g
@@ -291,22 +298,29 @@ class PGraph:
     def predecessors(self, name: str) -> tuple[str, ...]:
         """Data producers, then control dependencies (sorted), that exist in the graph."""
         preds = self._preds.get(name)
-        if preds is None:
+        if preds is None:  # hot in every analysis: kept free of generators
             prim, prims = self[name], self._prims
-            found = dict.fromkeys(r.node for r in prim.inputs.values() if r.node in prims)
-            found.update(dict.fromkeys(a for a in sorted(prim.after) if a in prims))
-            preds = self._preds[name] = tuple(found)
+            found = [r.node for r in prim.inputs.values() if r.node in prims]
+            if prim.after:
+                found += sorted(a for a in prim.after if a in prims)
+            preds = self._preds[name] = tuple(dict.fromkeys(found)) if len(found) > 1 else tuple(found)
         return preds
 
     def successors(self, name: str) -> list[str]:
         succ = dict.fromkeys(self.consumers(name))
-        succ.update(self._followers.get(name, {}))
+        succ.update(dict.fromkeys(self._followers.get(name, ())))
         return list(succ)
 
     def topological_order(self) -> list[str]:
-        """Names in topological order (a cached list: do not modify it)."""
+        """Names in a deterministic topological order (a cached list: do not modify it).
+
+        Computed with ties broken by insertion order; edits that only drop edges or nodes
+        keep the cached order, which stays valid."""
         if self._order is None:
             self._order = self._toposort()
+        elif self._order_has_removed:
+            self._order = [n for n in self._order if n in self._prims]
+        self._order_has_removed = False
         return self._order
 
     # -- analysis, export, explanation (each in its own module) --------------------------
@@ -350,33 +364,50 @@ class PGraph:
 
     def _replace(self, prim: Primitive, **changes: Any) -> None:
         self._check_mutable()
-        new = Primitive(changes.get("name", prim.name), prim.op, changes.get("engine", prim.engine),
+        new = Primitive(prim.name, prim.op, changes.get("engine", prim.engine),
                         changes.get("inputs", prim.inputs), changes.get("attrs", prim.attrs),
                         changes.get("after", prim.after), changes.get("origin", prim.origin),
                         prim.outputs)
-        if "inputs" in changes or "after" in changes:
-            self._unlink(prim)
-            self._link(new)
+        if new.inputs is not prim.inputs:
+            for port, ref in prim.inputs.items():
+                self._users.discard(ref, (prim.name, port))
+            for port, ref in new.inputs.items():
+                self._users.add(ref, (prim.name, port))
+                if ref.node not in self._prims and ref.node != INPUT:
+                    self._forward.add(ref.node)
+        if new.after != prim.after:
+            for target in prim.after - new.after:
+                self._followers.discard(target, prim.name)
+            for target in new.after - prim.after:
+                self._followers.add(target, prim.name)
+                if target not in self._prims:
+                    self._forward.add(target)
+        if new.inputs is not prim.inputs or new.after != prim.after:
             self._preds.pop(prim.name, None)
-            self._order = None
+            if new.inputs is not prim.inputs or not new.after <= prim.after:
+                self._order = None  # dropping edges keeps any topological order valid
         self._prims[prim.name] = new
 
     def _link(self, prim: Primitive) -> None:
+        prims = self._prims
         for port, ref in prim.inputs.items():
-            self._users.setdefault(ref, {})[(prim.name, port)] = None
+            self._users.add(ref, (prim.name, port))
+            if ref.node not in prims and ref.node != INPUT:
+                self._forward.add(ref.node)
         for target in prim.after:
-            self._followers.setdefault(target, {})[prim.name] = None
+            self._followers.add(target, prim.name)
+            if target not in prims:
+                self._forward.add(target)
 
     def _unlink(self, prim: Primitive) -> None:
         for port, ref in prim.inputs.items():
-            uses = self._users.get(ref)
-            if uses is not None:
-                uses.pop((prim.name, port), None)
+            self._users.discard(ref, (prim.name, port))
         for target in prim.after:
-            self._followers.get(target, {}).pop(prim.name, None)
+            self._followers.discard(target, prim.name)
 
     def _toposort(self) -> list[str]:
-        preds = {n: self.predecessors(n) for n in self._prims}
+        cached, compute = self._preds, self.predecessors
+        preds = {n: cached[n] if n in cached else compute(n) for n in self._prims}
         succ: dict[str, list[str]] = {n: [] for n in self._prims}
         for n, ps in preds.items():
             for p in ps:
@@ -399,3 +430,4 @@ class PGraph:
                 f"cycle through {' -> '.join(cycle + cycle[:1])}: a primitive cannot wait on itself",
                 node=cycle[0])
         return order
+

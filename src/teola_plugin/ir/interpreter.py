@@ -36,7 +36,7 @@ Handler = Callable[[Primitive, dict[str, Any]], Mapping[str, Any]]
 
 
 class Interpreter:
-    def __init__(self, graph: PGraph, handlers: Mapping[Op | str, Handler] | None = None,
+    def __init__(self, graph: PGraph, handlers: Mapping[Op, Handler] | Mapping[str, Handler] | None = None,
                  order: Sequence[str] | None = None) -> None:
         """``order``: run the nodes in this topological order instead of the graph's own
         (tests use an adversarial one to show results do not depend on tie-breaking)."""

@@ -62,6 +62,10 @@ class OpSpec:
     doc: str = field(default="", compare=False)
 
     @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(self.outputs)
+
+    @property
     def variadic(self) -> bool:
         return self.variadic_inputs
 

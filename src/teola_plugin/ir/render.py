@@ -86,7 +86,7 @@ def to_mermaid(graph: PGraph) -> str:
     for name in graph.outputs:
         lines.append(f'  out_{_slug(name)}>"{esc(name)}"]')
     for prim in graph.nodes:
-        for port, ref in prim.inputs.items():
+        for ref in prim.inputs.values():
             if ref.node == INPUT or ref.node in ids:
                 lines.append(f"  {_endpoint(ids, ref.node, ref.port)} -->|{ref.port}| {ids[prim.name]}")
         for target in sorted(prim.after):
@@ -113,7 +113,7 @@ def to_dot(graph: PGraph) -> str:
     for name in graph.outputs:
         lines.append(f"  {_q('output.' + name)} [label={_q(name)}, shape=house];")
     for prim in graph.nodes:
-        for port, ref in prim.inputs.items():
+        for ref in prim.inputs.values():
             src = "input." + ref.port if ref.node == INPUT else ref.node
             lines.append(f"  {_q(src)} -> {_q(prim.name)} [label={_q(ref.port)}];")
         for target in sorted(prim.after):

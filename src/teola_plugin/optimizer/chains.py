@@ -20,6 +20,11 @@ def untouched(prim: Primitive) -> bool:
     return not prim.shard and not prim.attrs.get("stream_from")
 
 
+def joinable(claimed: Collection[str]) -> Callable[[Primitive], bool]:
+    """May a node become a chain link: splittable, untouched, not in another chain yet."""
+    return lambda prim: prim.spec.splittable and untouched(prim) and prim.name not in claimed
+
+
 def _extends(graph: PGraph, cand: Primitive, tail: str, members: Collection[str]) -> bool:
     spec = cand.spec
     if cand.name in members or not spec.splittable:

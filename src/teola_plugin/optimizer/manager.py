@@ -52,15 +52,16 @@ class PassManager:
     def run(self, graph: PGraph, cost_model: CostModel | None = None) -> PGraph:
         """A new, optimized graph; ``graph`` is left untouched. ``result.history`` holds one
         :class:`PassRecord` per pass and ``result.explain()`` puts them in words."""
-        model = cost_model or CostModel.default()
-        cache: dict = {}  # node costs, shared by all passes of this run
-        cost = PassContext(model, self.options, cost_cache=cache).cost
+        # One context for the whole run: node costs and finish times are shared between the
+        # manager's critical paths and the passes that need them.
+        ctx = PassContext(cost_model or CostModel.default(), self.options)
+        track = self.track_critical_path
         graph.validate()
         current = graph
-        span = graph.critical_path(cost)[0] if self.track_critical_path else None
+        span = ctx.critical_path_length(graph) if track else None
         records: list[PassRecord] = []
         for p in self.passes:
-            ctx = PassContext(model, self.options, cost_cache=cache)
+            ctx.notes = []
             try:
                 with current.frozen():  # a pass that edits its input instead of a copy fails here
                     result = p.run(current, ctx)
@@ -70,13 +71,11 @@ class PassManager:
             if result is not current:
                 edited = [n for n, prim in result._prims.items() if current._prims.get(n) is not prim]
                 try:
-                    validate(result, only=edited)
+                    validate(result, only=edited, previous=current._prims)
                 except GraphValidationError as exc:
                     raise GraphValidationError(f"optimizer pass {p.name!r} produced an invalid graph: "
                                                f"{exc}", node=exc.node) from exc
-            after = span
-            if self.track_critical_path and result is not current:
-                after = result.critical_path(cost)[0]
+            after = ctx.critical_path_length(result) if track and result is not current else span
             records.append(diff(current, result, p.name, description=p.description,
                                 note="; ".join(ctx.notes), critical_path_before=span,
                                 critical_path_after=after))

@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Hashable
 
 from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
 from ...ir.ops import Op
-from ..chains import grow_chain, leaving_ports, untouched
+from ..chains import grow_chain, joinable, leaving_ports
 from ..context import PassContext
 
 NAME = "decompose_stages"
 DESCRIPTION = "split chains of splittable primitives into pipelined shards sized by the cost model"
 
 
-def _eligible(prim: Primitive) -> bool:
-    return prim.spec.splittable and untouched(prim)
+def _signature(graph: PGraph, chain: list[Primitive]) -> Hashable | None:
+    """All that choose_shards reads of a chain (None if attrs are unhashable): a batch of
+    queries of one app repeats the same chain many times, and the choice once."""
+    members = {m.name for m in chain}
+    try:
+        return tuple((m.op, m.engine, frozenset(m.attrs.items()), bool(leaving_ports(graph, m, members)))
+                     for m in chain)
+    except TypeError:
+        return None
 
 
 def choose_shards(graph: PGraph, chain: list[Primitive], ctx: PassContext) -> int:
@@ -95,12 +103,18 @@ def shard_chain(g: PGraph, names: list[str], n: int) -> list[str]:
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
     claimed: set[str] = set()
     plans: list[tuple[list[str], int]] = []
+    decided: dict[Hashable, int] = {}
     for prim in graph.nodes:
-        if prim.name in claimed or not _eligible(prim) or "est_items" not in prim.attrs:
+        if not joinable(claimed)(prim) or "est_items" not in prim.attrs:
             continue
-        chain = grow_chain(graph, prim, lambda c: _eligible(c) and c.name not in claimed)
+        chain = grow_chain(graph, prim, joinable(claimed))
         claimed.update(m.name for m in chain)
-        n = choose_shards(graph, chain, ctx)
+        key = _signature(graph, chain)
+        n = decided.get(key) if key is not None else None
+        if n is None:
+            n = choose_shards(graph, chain, ctx)
+            if key is not None:
+                decided[key] = n
         if n > 1:
             plans.append(([m.name for m in chain], n))
     if not plans:

@@ -11,7 +11,7 @@ samples would change what the application computes, so it is never merged.
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Hashable
 
 from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
@@ -20,20 +20,6 @@ from ..context import PassContext
 
 NAME = "eliminate_common"
 DESCRIPTION = "merge pure primitives that compute the same value from the same inputs"
-
-
-def _freeze(value: Any) -> Hashable:
-    if isinstance(value, dict):
-        return ("dict", tuple(sorted((str(k), _freeze(v)) for k, v in value.items())))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_freeze(v) for v in value))
-    if isinstance(value, (set, frozenset)):
-        return ("set", tuple(sorted(repr(_freeze(v)) for v in value)))
-    try:
-        hash(value)
-    except TypeError:
-        return ("repr", repr(value))
-    return value
 
 
 def _samples(prim: Primitive) -> bool:
@@ -48,19 +34,21 @@ def _mergeable(prim: Primitive) -> bool:
 
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
     rep: dict[str, str] = {}  # duplicate -> the node that stays
-    seen: dict[Hashable, str] = {}
+    seen: dict[Hashable, list[Primitive]] = {}  # structural key -> kept nodes (attrs differ)
     for prim in graph.nodes:
         if not _mergeable(prim):
             continue
-        key = (
-            prim.op, prim.engine, prim.outputs, _freeze(prim.attrs),
+        key = (  # attrs are compared only on a key hit: nested, unhashable, and rarely needed
+            prim.op, prim.engine, prim.outputs,
             tuple(sorted((port, rep.get(r.node, r.node), r.port) for port, r in prim.inputs.items())),
             tuple(sorted({rep.get(a, a) for a in prim.after})),
         )
-        if key in seen:
-            rep[prim.name] = seen[key]
+        kept = seen.setdefault(key, [])
+        twin = next((k for k in kept if k.attrs == prim.attrs), None)
+        if twin is not None:
+            rep[prim.name] = twin.name
         else:
-            seen[key] = prim.name
+            kept.append(prim)
     if not rep:
         return graph
     g = graph.copy()

@@ -16,18 +16,14 @@ decode. Applied only when that saving exceeds the collecting aggregate's cost.
 from __future__ import annotations
 
 from ...ir.graph import PGraph
-from ...ir.node import Primitive, Ref
+from ...ir.node import Ref
 from ...ir.ops import Op
-from ..chains import grow_chain, leaving_ports, untouched
+from ..chains import grow_chain, joinable, leaving_ports
 from ..context import PassContext
 
 NAME = "pipeline_decode"
 DESCRIPTION = "stream decoded items into the retrieval chain that consumes them"
 PARSES = ("lines", "json_list")
-
-
-def _eligible(prim: Primitive) -> bool:
-    return prim.spec.splittable and untouched(prim)
 
 
 def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
@@ -41,10 +37,10 @@ def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
         items = Ref(decode.name, "items")
         for name, port in graph.uses(items):
             head = graph[name]
-            if (name in claimed or not _eligible(head) or port not in head.spec.split_inputs
+            if (not joinable(claimed)(head) or port not in head.spec.split_inputs
                     or any(head.inputs.get(p) != items for p in head.spec.split_inputs)):
                 continue
-            chain = grow_chain(graph, head, lambda c: _eligible(c) and c.name not in claimed)
+            chain = grow_chain(graph, head, joinable(frozenset(claimed)))
             members = {m.name for m in chain}
             saved, ok = 0.0, True
             for m in chain:

@@ -32,11 +32,11 @@ MUTABLE = frozenset({PortType.INDEX, PortType.VALUE, PortType.ANY})  # may name 
 
 def _state_order(graph: PGraph) -> dict[str, set[str]]:
     """node -> earlier readers of a mutable value it shares, where one of the two is impure."""
-    readers: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for p in graph.nodes:
-        for ref in dict.fromkeys(p.inputs.values()):
-            if graph.type_of(ref) in MUTABLE:
-                readers[ref].append(p.name)
+    shared = {ref for p in graph.nodes if not p.pure for ref in p.inputs.values()
+              if len(graph.uses(ref)) > 1 and graph.type_of(ref) in MUTABLE}
+    order = {name: i for i, name in enumerate(graph.topological_order())} if shared else {}
+    readers = {ref: sorted(dict.fromkeys(c for c, _ in graph.uses(ref)), key=order.__getitem__)
+               for ref in shared}
     ancestors: dict[str, set[str]] = {}
 
     def ancestors_of(name: str) -> set[str]:
@@ -68,8 +68,10 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
     for prim in graph.nodes:
         keep = set(state.get(prim.name, ()))
         if prim.pure:
-            impure_before[prim.name] = frozenset().union(*(
-                {q} if not graph[q].pure else impure_before[q] for q in graph.predecessors(prim.name)))
+            sets = [s for q in graph.predecessors(prim.name)
+                    if (s := impure_before[q] if graph[q].pure else frozenset((q,)))]
+            impure_before[prim.name] = (sets[0] if len(sets) == 1  # shared, not copied: the common case
+                                        else frozenset().union(*sets))
         else:
             for target in prim.after:
                 keep |= {target} if not graph[target].pure else impure_before[target]

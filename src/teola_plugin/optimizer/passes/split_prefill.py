@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...ir.analysis import finish_times
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive
 from ...ir.ops import Op
@@ -50,19 +49,35 @@ def _known_prefix(fmt: Primitive, early: set[str]) -> list[Any]:
     return list(parts)
 
 
+def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitive,
+              prefix: list[Any], tokens: int) -> bool:
+    """Would the prefill finish earlier (unlimited engines) with the prefix prefilled ahead?"""
+    cost, finish = ctx.cost_model, ctx.finish_times(graph)
+
+    def ready(names: Any) -> float:
+        return max((finish[n] for n in names), default=0.0)
+
+    fmt_done = ready(graph.predecessors(fmt.name)) + cost.node_cost(fmt)
+    others = ready(q for q in graph.predecessors(prefill.name) if q != fmt.name)
+    prefix_inputs = [fmt.inputs[v].node for v in template_vars(prefix) if fmt.inputs[v].node != INPUT]
+    prefix_done = (ready([*prefix_inputs, *fmt.after]) + cost.node_cost(fmt)
+                   + cost.latency(prefill.engine, Op.LLM_PARTIAL_PREFILL, tokens, prefill.kind))
+    old_end = max(fmt_done, others) + cost.node_cost(prefill)
+    rest = max(1.0, cost.work_items(prefill) - tokens)
+    return max(fmt_done, others, prefix_done) + cost.node_cost(prefill, items=rest) < old_end
+
+
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
-    cost = ctx.cost_model
     min_chars = int(ctx.option("min_prefix_chars", 64))
     var_chars = int(ctx.option("var_chars", 16))
     early = _early_nodes(graph)
-    finish: dict[str, float] | None = None
     plans: list[tuple[str, str, list[Any], int]] = []
     for p in graph.nodes:
         ref = p.inputs.get("prompt")
-        if p.op is not Op.LLM_PREFILL or "prefix" in p.inputs or ref is None:
+        if p.op is not Op.LLM_PREFILL or "prefix" in p.inputs or ref is None or ref.node not in graph:
             continue
-        fmt = graph[ref.node] if ref.node in graph else None
-        if fmt is None or fmt.op is not Op.FORMAT or "parts" not in fmt.attrs:
+        fmt = graph[ref.node]
+        if fmt.op is not Op.FORMAT or "parts" not in fmt.attrs:
             continue
         prefix = _known_prefix(fmt, early)
         if not prefix or len(prefix) == len(fmt.attrs["parts"]):
@@ -70,19 +85,8 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         chars = sum(len(x) for x in prefix if isinstance(x, str)) + var_chars * len(template_vars(prefix))
         if chars < min_chars:
             continue
-        tokens = int(min(chars // CHARS_PER_TOKEN, cost.work_items(p) - 1))
-        if finish is None:
-            finish, _ = finish_times(graph, ctx.cost)
-        ready = lambda names: max((finish[n] for n in names), default=0.0)  # noqa: E731
-        fmt_done = ready(graph.predecessors(fmt.name)) + cost.node_cost(fmt)
-        others = ready(q for q in graph.predecessors(p.name) if q != fmt.name)
-        prefix_done = (ready([graph[fmt.inputs[v].node].name for v in template_vars(prefix)
-                              if fmt.inputs[v].node != INPUT] + [a for a in fmt.after])
-                       + cost.node_cost(fmt) + cost.latency(p.engine, Op.LLM_PARTIAL_PREFILL, tokens, p.kind))
-        old_end = max(fmt_done, others) + cost.node_cost(p)
-        new_end = (max(fmt_done, others, prefix_done)
-                   + cost.node_cost(p, items=max(1.0, cost.work_items(p) - tokens)))
-        if new_end < old_end:
+        tokens = int(min(chars // CHARS_PER_TOKEN, ctx.cost_model.work_items(p) - 1))
+        if _pays_off(graph, ctx, fmt, p, prefix, tokens):
             plans.append((p.name, fmt.name, prefix, tokens))
     if not plans:
         return graph
