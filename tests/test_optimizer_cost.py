@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,20 @@ def test_engine_instance_profile_is_used_for_a_primitive():
     g = PGraph()
     e = g.add(Op.EMBED, inputs={"texts": g.input("t", PortType.TEXTS)}, engine="fast")
     assert m.node_cost(e) == 0.5
+
+
+PROFILE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "engine_profiles.json"
+
+
+@pytest.mark.skipif(not PROFILE.exists(), reason="no measured engine profile checked in")
+def test_the_measured_engine_profile_loads_and_drives_the_optimizer():
+    from teola_plugin.ir.app_graphs import advanced_rag
+    from teola_plugin.optimizer import optimize
+
+    measured = CostModel.from_file(PROFILE)
+    for kind, op in [("embedder", Op.EMBED), ("vector_store", Op.VECTOR_SEARCH), ("llm", Op.LLM_PREFILL),
+                     ("llm", Op.LLM_DECODE)]:
+        assert measured.latency(kind, op, 8) > 0
+        assert measured.latency(kind, op, 8) != CostModel.default().latency(kind, op, 8)  # really measured
+    g = advanced_rag()
+    assert optimize(g, cost_model=measured).critical_path(measured)[0] < g.critical_path(measured)[0]

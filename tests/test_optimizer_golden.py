@@ -101,6 +101,12 @@ def test_cse_never_merges_sampled_decodes():
         g.output(name, g.add(Op.LLM_DECODE, name=name, inputs={"state": s},
                              attrs={"sampling_params": {"temperature": 1.0}}).out("text"))
     assert len(optimize(g, passes=["cse"])) == 2
+    g = PGraph()  # the runtime's convention: sampling parameters on the prefill
+    p = g.input("p", PortType.PROMPT)
+    for name in ("d1", "d2"):
+        pre = g.add(Op.LLM_PREFILL, inputs={"prompt": p}, attrs={"sampling_params": {"temperature": 0.8}})
+        g.output(name, g.add(Op.LLM_DECODE, name=name, inputs={"state": pre.out()}).out("text"))
+    assert by_op(optimize(g, passes=["cse"]), Op.LLM_DECODE) == ["d1", "d2"]
     assert by_op(two_decodes(0.0), Op.LLM_DECODE) == ["d1"]
 
 

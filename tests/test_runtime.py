@@ -166,3 +166,28 @@ def test_timeline_exports_chrome_trace_and_png(runtime, tmp_path):
     assert any(e["ph"] == "X" and e["dur"] >= 0 for e in events)
     png = runtime.timeline.to_png(tmp_path / "gantt.png", ids)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_killed_engine_actor_restarts_and_in_flight_reads_are_retried(runtime, call):
+    import ray
+
+    g = PGraph("embed_only")
+    q = g.input("question", T.TEXT)
+    qs = g.add("aggregate", inputs={"in0": q}, attrs={"mode": "list"})
+    g.output("vectors", g.add("embed", inputs={"texts": qs.out()}).out())
+    texts = [f"question number {i} about the Super Bowl" for i in range(12)]
+    actor = runtime.engines("embedder").handles[0].actor
+
+    async def kill_mid_run():
+        tasks = [asyncio.create_task(runtime.execute(g, {"question": t}, timeout_s=180)) for t in texts]
+        await asyncio.sleep(0.05)
+        ray.kill(actor, no_restart=False)  # Ray restarts it (max_restarts); the server reloads its model
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = call(kill_mid_run(), timeout=300)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    # Every query either completed (retried on the restarted actor) or failed with Ray's clear actor error.
+    assert all("actor" in type(r).__name__.lower() or "actor" in str(r).lower() for r in failed), failed
+    assert len(failed) <= len(texts) // 2
+    after = call(runtime.execute(g, {"question": "a later question"}, timeout_s=180))
+    assert len(after["vectors"]) == 1 and after["vectors"][0].shape == (384,)

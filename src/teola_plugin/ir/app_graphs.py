@@ -86,10 +86,11 @@ def add_retrieval(t: Tracer, question: Ref, index: Ref, top_k: int) -> Ref:
 
 def add_llm_call(t: Tracer, parts: list[Any], values: dict[str, Ref], origin: str,
                  est_prompt_tokens: int, max_tokens: int, **decode_attrs: Any) -> Primitive:
-    """format -> prefill -> decode; returns the decode primitive."""
+    """format -> prefill -> decode; returns the decode primitive. ``max_tokens`` goes on the
+    prefill, which opens the engine request, and on the decode, whose length it bounds."""
     fmt = t.add(Op.FORMAT, inputs=values, attrs={"parts": parts}, origin=origin)
     prefill = t.add(Op.LLM_PREFILL, inputs={"prompt": fmt.out()},
-                    attrs={"est_prompt_tokens": est_prompt_tokens}, origin=origin)
+                    attrs={"est_prompt_tokens": est_prompt_tokens, "max_tokens": max_tokens}, origin=origin)
     return t.add(Op.LLM_DECODE, inputs={"state": prefill.out()},
                  attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
 

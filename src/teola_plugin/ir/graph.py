@@ -324,9 +324,20 @@ class PGraph:
         return self._order
 
     # -- analysis, export, explanation (each in its own module) --------------------------
-    def validate(self) -> None:
-        """Raise :class:`GraphValidationError` naming the first offending node."""
-        _validate.validate(self)
+    def validate(self, *, since: PGraph | None = None) -> None:
+        """Raise :class:`GraphValidationError` naming the first offending node. With
+        ``since`` (a graph this one was copied and edited from), check only what the edits
+        touched, plus outputs and cycles: edits through this API cannot break the rest."""
+        if since is None:
+            _validate.validate(self)
+        else:
+            _validate.validate(self, only=self.edited_since(since), previous=since._prims)
+
+    def edited_since(self, other: PGraph) -> list[str]:
+        """Names of primitives added or replaced since ``other`` (a graph this one was
+        copied from): primitives are immutable, so this is an identity check per node."""
+        theirs = other._prims
+        return [n for n, prim in self._prims.items() if theirs.get(n) is not prim]
 
     def depth(self) -> tuple[dict[str, int], int]:
         """(level of each node, number of levels); level 0 has no predecessors."""

@@ -157,7 +157,7 @@ class CostModel:
         if prim.op is Op.LLM_PARTIAL_PREFILL:
             return float(a.get("est_prompt_tokens", DEFAULT_PROMPT_TOKENS))
         if prim.op is Op.LLM_DECODE:
-            return float(a.get("max_tokens", DEFAULT_MAX_TOKENS))
+            return float(a.get("max_tokens", (a.get("sampling_params") or {}).get("max_tokens", DEFAULT_MAX_TOKENS)))
         return float(a.get("est_items", 1))
 
     def node_cost(self, prim: Primitive, items: float | None = None) -> float:

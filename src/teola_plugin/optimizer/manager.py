@@ -7,7 +7,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import ConfigError, GraphValidationError
 from ..ir.graph import PGraph
 from ..ir.history import PassRecord, diff
-from ..ir.validate import validate
 from .context import PassContext
 from .cost import CostModel
 from .passes import ALIASES, DEFAULT_ORDER, PASSES, Pass
@@ -69,9 +68,8 @@ class PassManager:
                 exc.add_note(f"in optimizer pass {p.name!r}")
                 raise
             if result is not current:
-                edited = [n for n, prim in result._prims.items() if current._prims.get(n) is not prim]
                 try:
-                    validate(result, only=edited, previous=current._prims)
+                    result.validate(since=current)
                 except GraphValidationError as exc:
                     raise GraphValidationError(f"optimizer pass {p.name!r} produced an invalid graph: "
                                                f"{exc}", node=exc.node) from exc

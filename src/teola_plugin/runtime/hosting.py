@@ -61,17 +61,15 @@ class EngineSpec:
     def build(self) -> Engine:
         return self.engine_class()(name=self.name, **dict(self.kwargs))
 
-    def batch_policy(self) -> BatchPolicy:
-        return self.policy or default_policy(self.kind or self.engine_class().kind)
-
 
 class EngineServer:
     """An engine and its scheduler; the same object is hosted locally or in a Ray actor."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, engine: Engine | None = None) -> None:
         self.spec = spec
-        self.engine = spec.build()
-        self.scheduler = EngineScheduler(spec.name, self.engine.execute, spec.batch_policy())
+        self.engine = engine if engine is not None else spec.build()
+        policy = spec.policy or default_policy(self.engine.kind)
+        self.scheduler = EngineScheduler(spec.name, self.engine.execute, policy)
         self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
         self._stream_ids = itertools.count()
         self._start_lock: asyncio.Lock | None = None
@@ -179,9 +177,16 @@ class EngineHandle:
 class LocalHandle(EngineHandle):
     """The server lives in the caller's event loop."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, engine: Engine | None = None) -> None:
         self.name = spec.name
-        self.server = EngineServer(spec)
+        self.server = EngineServer(spec, engine)
+
+    @classmethod
+    def for_engine(cls, name: str, engine: Engine, policy: BatchPolicy | None = None) -> LocalHandle:
+        """Host an engine object built by the caller (not rebuilt from a spec)."""
+        cls_ = type(engine)
+        spec = EngineSpec(name, f"{cls_.__module__}:{cls_.__qualname__}", kind=engine.kind, policy=policy)
+        return cls(spec, engine)
 
     async def start(self) -> dict[str, Any]:
         return await self.server.start()

@@ -186,6 +186,19 @@ class Runtime:
                 log.info("engine %s started (%d replica(s), %s)", name, spec.replicas, self.hosting)
         return {n: self._pools[n] for n in wanted}
 
+    async def add_local_engine(self, name: str, engine: Any, policy: Any = None) -> ReplicaPool:
+        """Serve an already-built engine object from this process (e.g. one wrapping a
+        framework's own vector store, which must stay the user's instance). Idempotent per name."""
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if name not in self._pools:
+                handle = LocalHandle.for_engine(name, engine, policy)
+                pool = ReplicaPool(name, [handle])
+                await pool.start()
+                self._pools[name] = pool
+        return self._pools[name]
+
     def engines_for(self, graph: PGraph) -> set[str]:
         return {p.engine for p in graph.nodes if p.kind != "cpu"}
 
@@ -201,7 +214,7 @@ class Runtime:
         token_nodes: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async)."""
-        await self.start_engines(*sorted(self.engines_for(graph)))
+        await self.start_engines(*sorted(self.engines_for(graph) - set(self._pools)))
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=timeout_s,
                        on_token=on_token, token_nodes=token_nodes)
@@ -231,6 +244,20 @@ class Runtime:
 
             ray.shutdown()
             self._owns_ray = False
+
+
+_DEFAULT: Runtime | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    """The process-wide runtime that plugin classes share (the LLM class, the executors),
+    so a plain framework app and its Teola run use the same engines."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None or _DEFAULT._closed:
+            _DEFAULT = Runtime()
+        return _DEFAULT
 
 
 def _default_cost() -> Callable[[Primitive], float]:

@@ -5,8 +5,8 @@ compute the same thing (e.g. the question embedded by two retrievers); the later
 is dropped and its readers read the first. Visiting in topological order lets merges
 cascade (two identical embeds of two merged aggregates merge too).
 
-An LLM decode that samples (temperature > 0) is pure but not deterministic: merging two
-samples would change what the application computes, so it is never merged.
+An LLM request that samples (temperature > 0) is pure but not deterministic: merging two
+draws would change what the application computes, so it is never merged.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ DESCRIPTION = "merge pure primitives that compute the same value from the same i
 
 
 def _samples(prim: Primitive) -> bool:
+    """An LLM request that samples: its sampling parameters live on the prefill (where the
+    request is opened) or the decode; either way, two of them are two different draws."""
+    if prim.op not in (Op.LLM_PREFILL, Op.LLM_DECODE):
+        return False
     params = prim.attrs.get("sampling_params") or {}
-    temperature = prim.attrs.get("temperature", params.get("temperature", 0))
-    return prim.op is Op.LLM_DECODE and float(temperature or 0) > 0
+    return float(prim.attrs.get("temperature", params.get("temperature", 0)) or 0) > 0
 
 
 def _mergeable(prim: Primitive) -> bool:

@@ -4,9 +4,10 @@ A RAG prompt usually starts with an instruction and the question, both known whe
 query arrives, and ends with retrieved context. For a format -> llm_prefill pair whose
 leading template parts read only *early* values (graph inputs, or pure CPU primitives
 of early values), this adds ``format(prefix) -> llm_partial_prefill`` and makes the
-llm_prefill wait for it, through its ``prefix`` SIGNAL port: a data edge, so dependency
-pruning and dead-code elimination keep it. On stock vLLM the partial prefill is a max_tokens=1 request
-that fills the automatic prefix cache, so the full request only prefills the rest.
+llm_prefill wait for it through its ``prefix`` SIGNAL port (a data edge, so dependency
+pruning and dead-code elimination keep it). On stock vLLM the partial prefill is a
+max_tokens=1 request that fills the automatic prefix cache, so the full request only
+prefills the rest.
 
 Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_chars``,
 default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable),
