@@ -191,3 +191,36 @@ def test_a_killed_engine_actor_restarts_and_in_flight_reads_are_retried(runtime,
     assert len(failed) <= len(texts) // 2
     after = call(runtime.execute(g, {"question": "a later question"}, timeout_s=180))
     assert len(after["vectors"]) == 1 and after["vectors"][0].shape == (384,)
+
+
+def test_dynamic_expansion_runs_a_sub_graph_sized_by_the_data(runtime, call):
+    from teola_plugin.runtime.handlers import Expansion
+
+    def per_hit_chain(hits):
+        """Data-dependent shape (like refine over N chunks): one embed per retrieved hit."""
+        sub = PGraph("per_hit")
+        refs = []
+        for i, hit in enumerate(hits):
+            text = sub.input(f"t{i}", T.TEXT)
+            batch = sub.add("aggregate", inputs={"in0": text}, attrs={"mode": "list"})
+            refs.append(sub.add("embed", name=f"embed_hit{i}", inputs={"texts": batch.out()}).out())
+        sub.output("out", sub.add("aggregate", inputs={f"in{i}": r for i, r in enumerate(refs)},
+                                  attrs={"mode": "concat"}).out())
+        return Expansion(sub, {f"t{i}": h.text for i, h in enumerate(hits)})
+
+    g = PGraph("expand")
+    q = g.input("question", T.TEXT)
+    qs = g.add("aggregate", inputs={"in0": q}, attrs={"mode": "list"})
+    s = g.add("search", inputs={"queries": qs.out()}, attrs={"top_k": 4})
+    first = g.add("aggregate", inputs={"in0": s.out()}, attrs={"mode": "pick", "index": 0})
+    g.output("vectors", g.add("opaque", name="per_hit", inputs={"hits": first.out()},
+                              attrs={"fn": per_hit_chain}).out())
+    g.output("hits", first.out())
+    qid = f"expand-{uuid.uuid4().hex[:6]}"
+    out = call(runtime.execute(g, {"question": "Who founded the Yuan dynasty?"}, query_id=qid, timeout_s=120))
+    assert len(out["hits"]) == 4 and len(out["vectors"]) == 4
+    expected = call(runtime.engines("embedder").call("embed", [h.text for h in out["hits"]]))
+    for got, want in zip(out["vectors"], expected):
+        assert abs(float(got @ want) - 1.0) < 1e-4
+    spans = [s.node for s in runtime.timeline.spans([qid])]
+    assert sorted(n for n in spans if n.startswith("embed_hit")) == [f"embed_hit{i}" for i in range(4)]

@@ -1,3 +1,27 @@
 """teola_plugin: primitive-level dataflow scheduling for LlamaIndex and LangChain apps."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Framework integrations load on first use: `import teola_plugin` stays light (no LlamaIndex).
+_LAZY = {
+    "TeolaExecutor": "teola_plugin.llama_index",
+    "TeolaLLM": "teola_plugin.llama_index",
+    "TeolaEmbedding": "teola_plugin.llama_index",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'teola_plugin' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,0 +1,256 @@
+"""The LangChain tracer: walks a Runnable and lowers each component to primitives.
+
+Lowering rules are registered per runnable type (``@lowering(PromptTemplate)``) and found
+along the MRO, most specific first. A rule receives the tracer, the component and the
+symbolic value of its input (``values.py``) and returns the symbolic value of its output.
+A rule that cannot lower a particular instance raises :class:`CannotLower` *before*
+emitting anything; the component then runs unchanged as one ``opaque`` primitive that
+calls its own ``invoke``, and the reason is kept for ``explain()``.
+
+Module order. LangChain runs a sequence's steps one after another and a parallel's
+branches concurrently; every primitive waits (``after``) on the *frontier* (what the
+steps before it emitted last), like ``ir/app_graphs.Tracer``. Dependency pruning then
+removes the waits that are not data flow.
+
+Tracing only builds a graph: it never calls an engine or a component.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir.graph import PGraph
+from ...ir.node import Primitive, Ref
+from ...ir.ops import Op
+from ...ir.ports import PortType
+from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
+
+LoweringRule = Callable[["LangChainTracer", Any, Value], Value]
+_RULES: dict[type, LoweringRule] = {}
+OUT = "out"  # the output port of the opaque primitives the tracer emits
+
+
+def lowering(*types: type) -> Callable[[LoweringRule], LoweringRule]:
+    """Register ``rule`` for runnables of ``types`` (and their subclasses)."""
+
+    def register(rule: LoweringRule) -> LoweringRule:
+        for cls in types:
+            _RULES[cls] = rule
+        return rule
+
+    return register
+
+
+def rule_for(cls: type) -> LoweringRule | None:
+    for klass in cls.__mro__:
+        rule = _RULES.get(klass)
+        if rule is not None:
+            return rule
+    return None
+
+
+class CannotLower(Exception):
+    """Raised by a rule (before it emits anything): run this component unchanged, because ``reason``."""
+
+
+@dataclass(frozen=True)
+class OpaqueComponent:
+    node: str
+    component: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """How a call's input becomes graph inputs. A dict with string keys is one graph input
+    per key (so a template reading ``question`` reads that input directly); anything else
+    is the single graph input ``input``. A trace is specialised on this layout."""
+
+    keys: tuple[str, ...] | None
+    text_keys: frozenset[str] = frozenset()  # inputs known to be str
+
+    @classmethod
+    def of(cls, value: Any) -> InputLayout:
+        if type(value) is dict and all(type(k) is str for k in value):
+            return cls(tuple(value), frozenset(k for k, v in value.items() if isinstance(v, str)))
+        return cls(None, frozenset({"input"}) if isinstance(value, str) else frozenset())
+
+    def feed(self, value: Any) -> dict[str, Any]:
+        return dict(value) if self.keys is not None else {"input": value}
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """How the graph output maps back to the chain's output, and what streams."""
+
+    streams: str | None = None  # "text": str deltas, "message": AIMessageChunk deltas
+    tokens_from: str | None = None  # the llm_decode whose tokens are the output
+
+
+@dataclass
+class LangChainTrace:
+    graph: PGraph
+    layout: InputLayout
+    output: OutputShape
+    stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
+    opaque: list[OpaqueComponent] = field(default_factory=list)
+
+
+def single_output(value: Any) -> Any:
+    """Protect a value from the opaque handler's unpacking of ``{"out": ...}`` results."""
+    return {OUT: value} if isinstance(value, Mapping) and set(value) == {OUT} else value
+
+
+def component_name(runnable: Any) -> str:
+    get_name = getattr(runnable, "get_name", None)
+    return get_name() if callable(get_name) else type(runnable).__name__
+
+
+def _node_base(name: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_") or "component"
+
+
+class LangChainTracer:
+    def __init__(self, name: str = "langchain") -> None:
+        self.graph = PGraph(name)
+        self.frontier: frozenset[str] = frozenset()  # what the next primitive waits on
+        self.stores: dict[str, tuple[str, Any]] = {}
+        self.opaque: list[OpaqueComponent] = []
+        self._materialised: dict[int, tuple[Value, Ref]] = {}
+
+    # -- emitting --------------------------------------------------------------------------
+    def add(self, op: Op, *, name: str | None = None, **kwargs: Any) -> Primitive:
+        """Append a primitive after the current frontier; it becomes the frontier."""
+        prim = self.graph.add(op, name=self.graph.unique_name(name) if name else None,
+                              after=self.frontier, **kwargs)
+        self.frontier = frozenset({prim.name})
+        return prim
+
+    def branches(self, lowerings: Iterable[Callable[[], Value]]) -> list[Value]:
+        """Lower concurrent branches (a RunnableParallel): each starts from the same frontier."""
+        start, ends, values = self.frontier, set(), []
+        for lower in lowerings:
+            self.frontier = start
+            values.append(lower())
+            ends |= self.frontier
+        self.frontier = frozenset(ends) if ends else start
+        return values
+
+    def inputs(self, layout: InputLayout) -> Value:
+        def declare(name: str) -> Traced:
+            text = name in layout.text_keys
+            return Traced(self.graph.input(name, PortType.TEXT if text else PortType.ANY),
+                          Kind.TEXT if text else Kind.ANY)
+
+        if layout.keys is None:
+            return declare("input")
+        return Record.of({key: declare(key) for key in layout.keys})
+
+    def store_input(self, store: Any) -> tuple[Ref, str]:
+        """A graph input carrying the INDEX handle of the user's own vector store, and the
+        engine name it is served under (one per store object)."""
+        engine = f"langchain_store_{id(store):x}"
+        for name, (known, _) in self.stores.items():
+            if known == engine:
+                return Ref("input", name), engine
+        name = f"__store_{len(self.stores)}"
+        self.stores[name] = (engine, store)
+        return self.graph.input(name, PortType.INDEX), engine
+
+    # -- lowering --------------------------------------------------------------------------
+    def lower(self, runnable: Any, value: Value) -> Value:
+        rule = rule_for(type(runnable))
+        if rule is None:
+            return self.opaque_call(runnable, value, f"no lowering rule for {type(runnable).__name__}")
+        try:
+            return rule(self, runnable, value)
+        except CannotLower as why:
+            return self.opaque_call(runnable, value, str(why))
+
+    def opaque_call(self, runnable: Any, value: Value, reason: str) -> Traced:
+        """Run ``runnable.invoke`` unchanged on the materialised input. LangChain's config
+        context (callbacks, tags) reaches it: the runtime copies the caller's context."""
+        ref = self.materialise(value)
+        invoke = runnable.invoke
+
+        def call_unchanged(input: Any) -> Any:
+            return single_output(invoke(input))
+
+        name = component_name(runnable)
+        prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
+                        attrs={"fn": call_unchanged, "reason": reason}, origin=name, outputs=[OUT])
+        self.opaque.append(OpaqueComponent(prim.name, name, reason))
+        return Traced(prim.out(OUT))
+
+    def materialise(self, value: Value) -> Ref:
+        """The run-time value of ``value`` as one ref (building dicts / messages / prompts)."""
+        if isinstance(value, Traced):
+            return value.ref
+        memo = self._materialised.get(id(value))
+        if memo is not None:
+            return memo[1]
+        if isinstance(value, Record):
+            ref = self._build_dict(value)
+        elif isinstance(value, ChatReply):
+            ref = self._build_message(value)
+        elif isinstance(value, PendingPrompt):
+            ref = self._render_prompt(value)
+        else:
+            raise TypeError(f"not a traced value: {value!r}")
+        self._materialised[id(value)] = (value, ref)  # the value is kept alive with its id
+        return ref
+
+    def _build_dict(self, record: Record) -> Ref:
+        keys = tuple(k for k, _ in record.fields)
+        inputs = {k: self.materialise(v) for k, v in record.fields}
+
+        async def build_dict(**fields: Any) -> Any:
+            return single_output({k: fields[k] for k in keys})
+
+        prim = self.add(Op.OPAQUE, name="dict", inputs=inputs, outputs=[OUT],
+                        attrs={"fn": build_dict, "pure": True}, origin="RunnableParallel")
+        return prim.out(OUT)
+
+    def _build_message(self, reply: ChatReply) -> Ref:
+        from langchain_core.messages import AIMessage
+
+        async def build_message(text: str) -> Any:
+            return AIMessage(content=text)
+
+        prim = self.add(Op.OPAQUE, name="ai_message", inputs={"text": reply.text.ref}, outputs=[OUT],
+                        attrs={"fn": build_message, "pure": True}, origin="ChatModel")
+        return prim.out(OUT)
+
+    def _render_prompt(self, prompt: PendingPrompt) -> Ref:
+        """A prompt nobody fuses into an LLM call: the template's own PromptValue."""
+        template = prompt.template
+        inputs = {k: self.materialise(v) for k, v in prompt.variables.fields}
+
+        def render(**variables: Any) -> Any:
+            return template.invoke(variables)
+
+        prim = self.add(Op.FORMAT, name="format", inputs=inputs, attrs={"render": render},
+                        origin=prompt.origin)
+        return prim.out("prompt")
+
+    # -- result ----------------------------------------------------------------------------
+    def finish(self, value: Value, layout: InputLayout) -> LangChainTrace:
+        shape = OutputShape()
+        if isinstance(value, Traced) and value.tokens_from:
+            shape = OutputShape("text", value.tokens_from)
+        elif isinstance(value, ChatReply) and value.text.tokens_from:
+            shape = OutputShape("message", value.text.tokens_from)
+        self.graph.output("output", self.materialise(value))
+        self.graph.validate()
+        return LangChainTrace(self.graph, layout, shape, dict(self.stores), list(self.opaque))
+
+
+def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None) -> LangChainTrace:
+    """Lower ``runnable`` for inputs of ``layout`` into a primitive graph (runs nothing)."""
+    from . import rules  # noqa: F401  (registers the built-in rules)
+
+    tracer = LangChainTracer(name or _node_base(component_name(runnable)))
+    return tracer.finish(tracer.lower(runnable, tracer.inputs(layout)), layout)

@@ -1,0 +1,69 @@
+"""What a LangChain value is while tracing: a symbolic stand-in for the run-time value.
+
+Lowering rules pass these between each other instead of Python values, so a rule can
+see *structure* the graph should keep: a dict whose keys are known (``Record``, what a
+``RunnableParallel`` returns), a prompt whose rendering can be fused into the LLM call
+that consumes it (``PendingPrompt``), a chat reply whose text streams (``ChatReply``).
+Anything else is a ``Traced`` value: one output port of one primitive (or a graph input).
+A consumer that needs a plain value asks the tracer to ``materialise`` it into a ``Ref``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Union
+
+from ...ir.node import Ref
+
+
+class Kind(str, Enum):
+    """What Python value a Traced ref holds, as far as tracing knows it."""
+
+    ANY = "any"
+    TEXT = "text"  # str
+    DOCUMENTS = "documents"  # list[langchain Document]
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A value computed at run time: output ``ref`` of a primitive, or a graph input."""
+
+    ref: Ref
+    kind: Kind = Kind.ANY
+    tokens_from: str | None = None  # the llm_decode whose streamed tokens are this text
+
+
+@dataclass(frozen=True)
+class Record:
+    """A dict whose keys are known while tracing (insertion order kept)."""
+
+    fields: tuple[tuple[str, Value], ...]
+
+    @classmethod
+    def of(cls, mapping: dict[str, Value]) -> Record:
+        return cls(tuple(mapping.items()))
+
+    def as_dict(self) -> dict[str, Value]:
+        return dict(self.fields)
+
+
+@dataclass(frozen=True, eq=False)
+class PendingPrompt:
+    """A prompt template applied to ``variables``, not rendered yet: an LLM that consumes it
+    renders it inside its own ``format`` primitive (template and conversion fused, so the
+    prompt-splitting pass sees one format feeding one prefill)."""
+
+    template: Any  # langchain BasePromptTemplate
+    variables: Record
+    origin: str
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """An ``AIMessage`` whose content is ``text`` (built only where someone needs the message)."""
+
+    text: Traced
+
+
+Value = Union[Traced, Record, PendingPrompt, ChatReply]

@@ -1,0 +1,306 @@
+"""Trace LlamaIndex objects into primitive graphs: a registry of lowering rules by component type.
+
+    traced = trace(query_engine, TraceContext(runtime))
+    traced.graph            # PGraph, module order kept as `after` edges (optimize() prunes them)
+    traced.notes            # which components stayed opaque, and why; what expands at run time
+
+A rule is registered for one exact component type (a subclass may override the very method
+the rule reimplements, so it does not inherit the rule) and appends that component's
+primitives. A rule may decline with :class:`NotLowerable`; then, as for a type without a
+rule, the component becomes one ``opaque`` primitive calling its own method unchanged, and
+the rest of the graph is still lowered and optimized.
+
+Fidelity is the contract: lowered primitives compute with LlamaIndex's own code wherever
+that code decides something (query construction, node conversion, prompt packing,
+prompt rendering), so the engines receive the requests plain LlamaIndex would send.
+Nothing here schedules or runs anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from ..engines.base import Engine
+from ..ir.app_graphs import Tracer
+from ..ir.graph import PGraph
+from ..ir.node import Primitive, Ref
+from ..ir.ops import Op
+from ..ir.ports import PortType
+
+# -- calls back into the framework ------------------------------------------------------------
+_PASSTHROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_passthrough", default=False)
+
+
+@contextlib.contextmanager
+def framework_passthrough() -> Iterator[None]:
+    """Inside, framework entry points run their original code even when an executor is
+    installed: an opaque primitive calling ``engine.query`` must not be traced again."""
+    token = _PASSTHROUGH.set(True)
+    try:
+        yield
+    finally:
+        _PASSTHROUGH.reset(token)
+
+
+def in_passthrough() -> bool:
+    return _PASSTHROUGH.get()
+
+
+def framework_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` made safe to run as an opaque primitive (it may call framework entry points)."""
+    def call(**inputs: Any) -> Any:
+        with framework_passthrough():
+            return fn(**inputs)
+
+    call.__qualname__ = getattr(fn, "__qualname__", "framework_call")
+    return call
+
+
+# -- components served by the runtime's engines -------------------------------------------------
+@runtime_checkable
+class EngineBackedLLM(Protocol):
+    """An LLM whose requests the tracer can send to a runtime engine itself (TeolaLLM)."""
+
+    engine_name: str
+    runtime: Any
+    max_tokens: int
+    output_parser: Any
+
+    def engine_prompt(self, template: Any, **prompt_args: Any) -> Any: ...
+    def sampling_params(self, **overrides: Any) -> dict[str, Any]: ...
+    def parse_output(self, text: str) -> str: ...
+
+
+@runtime_checkable
+class EngineBackedEmbedding(Protocol):
+    """An embedding model served by a runtime engine (TeolaEmbedding)."""
+
+    engine_name: str
+    runtime: Any
+
+
+# -- what a trace produces ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ComponentNote:
+    """One line of explain(): a component that stayed opaque, or one that expands at run time."""
+
+    node: str
+    component: str
+    kind: str  # "opaque" or "expands"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.component}): {self.reason}"
+
+
+@dataclass
+class TraceContext:
+    """What lowering may assume. ``runtime`` is compared by identity only: components bound
+    to it lower onto its engines; ``prepare_expansion`` (the executor's optimizer) is applied
+    to sub-graphs built at run time."""
+
+    runtime: Any
+    prepare_expansion: Callable[[PGraph], PGraph] = lambda graph: graph
+    # One engine per user vector store, kept across traces (the executor owns the context).
+    store_engines: dict[int, Engine] = field(default_factory=dict)
+
+
+@dataclass
+class TracedApp:
+    graph: PGraph
+    target: Any
+    bound_inputs: dict[str, Any] = field(default_factory=dict)  # values fixed at trace time
+    local_engines: dict[str, Engine] = field(default_factory=dict)  # wrap the user's own objects
+    notes: list[ComponentNote] = field(default_factory=list)
+
+    def inputs_for(self, query: Any) -> dict[str, Any]:
+        """Graph inputs for one ``QueryBundle``."""
+        values: dict[str, Any] = {"query": query, **self.bound_inputs}
+        if "embedding_strs" in self.graph.inputs:  # no embedding call when the caller gave one
+            values["embedding_strs"] = list(query.embedding_strs) if query.embedding is None else []
+        return values
+
+    @property
+    def opaque(self) -> list[ComponentNote]:
+        return [n for n in self.notes if n.kind == "opaque"]
+
+
+class NotLowerable(Exception):
+    """Raised by a rule that cannot lower this instance; the message says why."""
+
+
+# -- the rule registries ----------------------------------------------------------------------
+C = TypeVar("C")
+QueryEngineRule = Callable[["LlamaIndexTracer", Any], dict[str, Ref]]  # -> {"response", "nodes"}
+RetrieverRule = Callable[["LlamaIndexTracer", Any], Ref]  # -> nodes
+PostprocessorRule = Callable[["LlamaIndexTracer", Any, Ref], Ref]  # nodes -> nodes
+SynthesizerRule = Callable[["LlamaIndexTracer", Any, Ref], Ref]  # nodes -> response
+
+QUERY_ENGINE_RULES: dict[type, QueryEngineRule] = {}
+RETRIEVER_RULES: dict[type, RetrieverRule] = {}
+POSTPROCESSOR_RULES: dict[type, PostprocessorRule] = {}
+SYNTHESIZER_RULES: dict[type, SynthesizerRule] = {}
+
+
+def lowering_rule(registry: dict[type, C], *types: type) -> Callable[[C], C]:
+    """Register ``rule`` for each of ``types`` (exact types) in ``registry``."""
+    def register(rule: C) -> C:
+        for t in types:
+            registry[t] = rule
+        return rule
+
+    return register
+
+
+# -- the tracer ---------------------------------------------------------------------------------
+class LlamaIndexTracer:
+    """Builds one graph; rules call its helpers. Every primitive waits on the one emitted
+    before it (module order), as ``ir.app_graphs.Tracer`` records it."""
+
+    def __init__(self, ctx: TraceContext, name: str) -> None:
+        self.ctx = ctx
+        self.graph = PGraph(name)
+        self.t = Tracer(self.graph)
+        self.query = self.graph.input("query", PortType.VALUE)  # the QueryBundle
+        self.traced = TracedApp(self.graph, None)
+
+    # -- helpers for rules -----------------------------------------------------------------
+    def add(self, op: Op, **kwargs: Any) -> Primitive:
+        return self.t.add(op, **kwargs)
+
+    def cpu_step(self, name: str, fn: Callable[..., Any], inputs: Mapping[str, Ref], origin: str, *,
+                 pure: bool = True, **attrs: Any) -> Ref:
+        """Framework code run as-is on the CPU (a lowering's glue; no engine to schedule)."""
+        prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
+                          attrs={"fn": framework_call(fn), "pure": pure, **attrs}, origin=origin)
+        return prim.out()
+
+    def opaque(self, name: str, component: Any, fn: Callable[..., Any], inputs: Mapping[str, Ref],
+               reason: str) -> Ref:
+        """A component left as it is: one impure primitive calling its own method."""
+        ref = self.cpu_step(name, fn, inputs, type(component).__name__, pure=False, opaque_reason=reason)
+        self.note(ref.node, component, "opaque", reason)
+        return ref
+
+    def note(self, node: str, component: Any, kind: str, reason: str) -> None:
+        self.traced.notes.append(ComponentNote(node, type(component).__name__, kind, reason))
+
+    def embedding_strs(self) -> Ref:
+        if "embedding_strs" not in self.graph.inputs:
+            return self.graph.input("embedding_strs", PortType.TEXTS)
+        return Ref("input", "embedding_strs")
+
+    def bind_input(self, name: str, value: Any, type_: PortType) -> Ref:
+        """A graph input whose value is fixed at trace time (an index handle)."""
+        self.traced.bound_inputs[name] = value
+        return self.graph.input(name, type_)
+
+    def on_runtime(self, component: Any) -> bool:
+        return getattr(component, "runtime", None) is self.ctx.runtime
+
+    # -- components -------------------------------------------------------------------------
+    def lower_query_engine(self, engine: Any) -> dict[str, Ref]:
+        rule, reason = _find(QUERY_ENGINE_RULES, engine, "query engine")
+        if rule is not None:
+            try:
+                return rule(self, engine)
+            except NotLowerable as exc:
+                reason = str(exc)
+        response = self.opaque("query_engine", engine, lambda query: engine.query(query),
+                               {"query": self.query}, reason)
+        return {"response": response}
+
+    def lower_retriever(self, retriever: Any) -> Ref:
+        rule, reason = _find(RETRIEVER_RULES, retriever, "retriever")
+        if rule is not None:
+            try:
+                return rule(self, retriever)
+            except NotLowerable as exc:
+                reason = str(exc)
+        return self.opaque("retrieve", retriever, lambda query: retriever.retrieve(query),
+                           {"query": self.query}, reason)
+
+    def lower_postprocessor(self, postprocessor: Any, nodes: Ref) -> Ref:
+        rule, reason = _find(POSTPROCESSOR_RULES, postprocessor, "node postprocessor")
+        if rule is not None:
+            try:
+                return rule(self, postprocessor, nodes)
+            except NotLowerable as exc:
+                reason = str(exc)
+        return self.opaque("postprocess", postprocessor,
+                           lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
+                           {"nodes": nodes, "query": self.query}, reason)
+
+    def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref:
+        rule, reason = _find(SYNTHESIZER_RULES, synthesizer, "response synthesizer")
+        if rule is not None:
+            try:
+                return rule(self, synthesizer, nodes)
+            except NotLowerable as exc:
+                reason = str(exc)
+        return self.opaque("synthesize", synthesizer,
+                           lambda query, nodes: synthesizer.synthesize(query, nodes),
+                           {"query": self.query, "nodes": nodes}, reason)
+
+    def lower_query_vector(self, embed_model: Any, origin: str) -> Ref:
+        """The query's one search vector, as ``VectorIndexRetriever._retrieve`` computes it:
+        the caller's embedding if given, else the mean of the embedding strings' embeddings."""
+        from llama_index.core.base.embeddings.base import mean_agg
+
+        if isinstance(embed_model, EngineBackedEmbedding) and self.on_runtime(embed_model):
+            embed = self.add(Op.EMBED, inputs={"texts": self.embedding_strs()}, engine=embed_model.engine_name,
+                             attrs={"est_items": 1}, origin=type(embed_model).__name__)
+
+            def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
+                if query.embedding is not None:
+                    return [query.embedding]
+                return [mean_agg([list(map(float, v)) for v in vectors])]
+
+            return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": embed.out()}, origin)
+
+        def embed_query(query: Any) -> list[Any]:
+            if query.embedding is not None:
+                return [query.embedding]
+            return [embed_model.get_agg_embedding_from_queries(query.embedding_strs)]
+
+        why = (f"{type(embed_model).__name__} is bound to another runtime" if isinstance(embed_model, EngineBackedEmbedding)
+               else f"{type(embed_model).__name__} is not served by a Teola engine (use TeolaEmbedding)")
+        return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
+
+
+def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None, str]:
+    rule = registry.get(type(component))
+    return rule, "" if rule is not None else f"no lowering rule for this {what} type"
+
+
+# -- entry point -----------------------------------------------------------------------------
+SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine is lowered to "
+             "primitives, others run as one opaque step) and retrievers (BaseRetriever)")
+
+
+def trace(target: Any, ctx: TraceContext) -> TracedApp:
+    """Lower a query engine (outputs ``response``, ``nodes``) or a retriever (``nodes``)."""
+    from llama_index.core.base.base_query_engine import BaseQueryEngine
+    from llama_index.core.base.base_retriever import BaseRetriever
+
+    _register_builtin_rules()
+    tracer = LlamaIndexTracer(ctx, type(target).__name__)
+    if isinstance(target, BaseQueryEngine):
+        for name, ref in tracer.lower_query_engine(target).items():
+            tracer.graph.output(name, ref)
+    elif isinstance(target, BaseRetriever):
+        tracer.graph.output("nodes", tracer.lower_retriever(target))
+    else:
+        raise TypeError(f"cannot trace {type(target).__module__}.{type(target).__qualname__}; "
+                        f"supported: {SUPPORTED}")
+    tracer.traced.target = target
+    tracer.graph.validate()
+    return tracer.traced
+
+
+def _register_builtin_rules() -> None:
+    from . import llama_index_rules  # noqa: F401  (registers on import)

@@ -1,0 +1,111 @@
+"""The built-in LlamaIndex lowering rules (registered on import by ``capture.llama_index``).
+
+* ``RetrieverQueryEngine``: retriever -> node postprocessors -> response synthesizer.
+* ``VectorIndexRetriever`` over an embedding-only store (``SimpleVectorStore``,
+  ``ChromaVectorStore``) in the default query mode: ``embed`` (batched on the embedder
+  engine when the model is a TeolaEmbedding) -> query vector -> ``vector_search`` on the
+  user's own store (``FrameworkVectorStoreEngine``) -> the retriever's recursive-retrieval
+  step.
+* Node postprocessors that are plain functions of (nodes, query): the framework's own
+  ``postprocess_nodes`` as a pure CPU step.
+* ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` with a TeolaLLM: a run-time
+  expansion into LLM-call chains (``llama_index_synthesis``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
+from llama_index.core.llms.structured_llm import StructuredLLM
+from llama_index.core.postprocessor import (
+    LongContextReorder,
+    MetadataReplacementPostProcessor,
+    SimilarityPostprocessor,
+)
+from llama_index.core.query_engine.retriever_query_engine import RetrieverQueryEngine
+from llama_index.core.response_synthesizers import CompactAndRefine, Refine, SimpleSummarize
+from llama_index.core.vector_stores.types import VectorStoreQueryMode
+
+from ..engines.llama_index_store import FrameworkVectorStoreEngine
+from ..ir.node import Ref
+from ..ir.ops import Op
+from ..ir.ports import PortType
+from ..runtime.values import IndexHandle
+from .llama_index import (
+    POSTPROCESSOR_RULES,
+    QUERY_ENGINE_RULES,
+    RETRIEVER_RULES,
+    SYNTHESIZER_RULES,
+    EngineBackedLLM,
+    LlamaIndexTracer,
+    NotLowerable,
+    lowering_rule,
+)
+from .llama_index_synthesis import SynthesisPlanner
+
+# Stores whose query result depends on the query embedding alone in the default mode: the
+# search request carries vectors, not the query string.
+EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore"})
+
+
+@lowering_rule(QUERY_ENGINE_RULES, RetrieverQueryEngine)
+def lower_retriever_query_engine(tr: LlamaIndexTracer, engine: RetrieverQueryEngine) -> dict[str, Ref]:
+    nodes = tr.lower_retriever(engine.retriever)
+    for postprocessor in engine._node_postprocessors:  # RetrieverQueryEngine.retrieve's order
+        nodes = tr.lower_postprocessor(postprocessor, nodes)
+    return {"response": tr.lower_synthesizer(engine._response_synthesizer, nodes), "nodes": nodes}
+
+
+@lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)
+def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> Ref:
+    store = retriever._vector_store
+    if type(store).__name__ not in EMBEDDING_ONLY_STORES:
+        raise NotLowerable(f"vector store {type(store).__name__} is not known to search by embedding alone")
+    if retriever._vector_store_query_mode != VectorStoreQueryMode.DEFAULT or not retriever._needs_embedding():
+        raise NotLowerable(f"query mode {retriever._vector_store_query_mode.value!r} is not lowered")
+    origin = type(retriever).__name__
+    vectors = tr.lower_query_vector(retriever._embed_model, origin)
+
+    engine = tr.ctx.store_engines.get(id(store))
+    if engine is None:
+        engine = tr.ctx.store_engines[id(store)] = FrameworkVectorStoreEngine(
+            store, name=f"llama_index-{type(store).__name__}-{id(store):x}")
+    tr.traced.local_engines[engine.name] = engine
+    index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
+    search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine.name,
+                    attrs={"top_k": retriever.similarity_top_k, "est_items": 1}, origin=origin)
+
+    def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
+        # BaseRetriever.retrieve's step after _retrieve: IndexNode objects, de-duplication.
+        return retriever._handle_recursive_retrieval(query, hits[0])
+
+    return tr.cpu_step("retrieved_nodes", retrieved_nodes, {"query": tr.query, "hits": search.out()}, origin,
+                       pure=not retriever.object_map)
+
+
+@lowering_rule(POSTPROCESSOR_RULES, SimilarityPostprocessor, LongContextReorder, MetadataReplacementPostProcessor)
+def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref) -> Ref:
+    """Pure functions of (nodes, query): nothing to schedule but the framework's own code."""
+    return tr.cpu_step("postprocess",
+                       lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
+                       {"nodes": nodes, "query": tr.query}, type(postprocessor).__name__)
+
+
+@lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize)
+def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref:
+    llm = synthesizer._llm
+    if not isinstance(llm, EngineBackedLLM) or isinstance(llm, StructuredLLM):
+        raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
+    if not tr.on_runtime(llm):
+        raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+    for flag, what in ((synthesizer._streaming, "streaming"), (synthesizer._multimodal, "multimodal"),
+                       (getattr(synthesizer, "_output_cls", None), "output_cls"),
+                       (getattr(synthesizer, "_structured_answer_filtering", False), "structured_answer_filtering")):
+        if flag:
+            raise NotLowerable(f"{what} synthesis is not lowered yet")
+    planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion)
+    ref = tr.cpu_step("synthesize", planner, {"query": tr.query, "nodes": nodes}, type(synthesizer).__name__,
+                      pure=False)
+    tr.note(ref.node, synthesizer, "expands", planner.describe())
+    return ref

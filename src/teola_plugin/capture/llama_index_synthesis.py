@@ -1,0 +1,151 @@
+"""Response synthesis as run-time expansions: how many LLM calls a synthesizer makes depends
+on the retrieved text, so the graph of those calls is built when the nodes are known.
+
+Each LLM call becomes ``prompt -> llm_prefill -> llm_decode``: the ``prompt`` primitive runs
+the framework's own code (the synthesizer's template, ``TeolaLLM.engine_prompt``, i.e.
+``LLM.predict``'s formatting and chat handling), so the engine receives the request plain
+LlamaIndex sends. Packing text into prompts uses the synthesizer's prompt helper
+(``repack`` / ``truncate``) exactly where ``Refine._run_refine_loop`` and
+``SimpleSummarize.get_response`` use it.
+
+Refine (and compact, which is refine over packed chunks) is sequential: each prompt holds
+the previous answer, so each step expands into its call plus a step that expands the next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from llama_index.core.base.response.schema import Response
+from llama_index.core.prompts.prompt_utils import get_biggest_prompt
+from llama_index.core.response_synthesizers import CompactAndRefine, SimpleSummarize
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+
+from ..ir.graph import PGraph
+from ..ir.node import Ref
+from ..ir.ops import Op
+from ..runtime.handlers import Expansion
+from .llama_index import framework_call
+
+EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
+CHARS_PER_TOKEN = 4
+
+
+class SynthesisPlanner:
+    """The ``synthesize`` primitive's function: (query, nodes) -> Expansion producing the Response."""
+
+    def __init__(self, synthesizer: Any, llm: Any, prepare: Callable[[PGraph], PGraph]) -> None:
+        self.synthesizer = synthesizer
+        self.llm = llm
+        self.prepare = prepare
+        self.__qualname__ = f"synthesize[{type(synthesizer).__name__}]"
+
+    def describe(self) -> str:
+        if isinstance(self.synthesizer, SimpleSummarize):
+            return "expands at run time into one prompt -> llm_prefill -> llm_decode chain"
+        return ("expands at run time into one prompt -> llm_prefill -> llm_decode chain per packed chunk, "
+                "in sequence (each refine prompt holds the previous answer)")
+
+    def __call__(self, query: QueryBundle, nodes: list[NodeWithScore]) -> Any:
+        synth = self.synthesizer
+        if not nodes:  # BaseSynthesizer.synthesize answers without calling the LLM
+            return Response(synth._empty_response)
+        texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
+        graph = PGraph(f"{type(synth).__name__}")
+        if isinstance(synth, SimpleSummarize):
+            answer = self._simple_summarize(graph, query.query_str, texts)
+        else:
+            chunks = synth._make_compact_text_chunks(query.query_str, texts) if isinstance(synth, CompactAndRefine) else texts
+            answer = RefineLoop(self, query.query_str, chunks).build(graph, None)
+        response = graph.add(Op.OPAQUE, name="response", inputs={"text": answer}, origin=type(synth).__name__,
+                             attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, list(nodes))),
+                                    "pure": True})
+        graph.output("out", response.out())  # the synthesize primitive's one port
+        return Expansion(self.prepare(graph), {})
+
+    # -- one LLM call, as LLM.predict makes it ----------------------------------------------
+    def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
+        """prompt -> llm_prefill -> llm_decode; returns the parsed answer text."""
+        llm = self.llm
+        prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
+                           attrs={"fn": framework_call(lambda: llm.engine_prompt(template, **prompt_args)),
+                                  "pure": True})
+        size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
+        prefill = graph.add(Op.LLM_PREFILL, inputs={"prompt": prompt.out()}, engine=llm.engine_name, origin=origin,
+                            attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
+                                   "est_prompt_tokens": size // CHARS_PER_TOKEN})
+        decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
+                           attrs={"max_tokens": llm.max_tokens})
+        if llm.output_parser is None:
+            return decode.out("text")
+        parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": decode.out("text")},
+                          origin=origin, attrs={"fn": framework_call(llm.parse_output), "pure": True})
+        return parse.out()
+
+    def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
+        synth = self.synthesizer
+        template = synth._text_qa_template.partial_format(query_str=query_str)
+        truncated = synth._prompt_helper.truncate(prompt=template, text_chunks=["\n".join(texts)], llm=self.llm)
+        text = self.llm_call(graph, template, {"context_str": truncated}, type(synth).__name__)
+        return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
+
+
+class RefineLoop:
+    """``Refine._run_refine_loop`` unrolled one LLM call at a time (text chunks, no streaming)."""
+
+    def __init__(self, planner: SynthesisPlanner, query_str: str, chunks: list[str]) -> None:
+        synth = planner.synthesizer
+        self.planner = planner
+        self.query_str = query_str
+        self.qa = synth._text_qa_template
+        self.refine = synth._refine_template
+        self.helper = synth._prompt_helper
+        self.origin = type(synth).__name__
+        max_prompt = get_biggest_prompt([self.qa, self.refine])
+        self.queue: deque[str] = deque(
+            tc for chunk in chunks
+            for tc in self.helper.repack(max_prompt, [chunk], llm=planner.llm, padding=synth._response_padding_size))
+
+    def next_call(self, response: str | None) -> tuple[Any, dict[str, Any]] | None:
+        """The next (template, prompt args), consuming chunks as the loop body does."""
+        while self.queue:
+            chunk = self.queue.popleft()
+            if response is None:
+                return self.qa.partial_format(query_str=self.query_str), {"context_str": chunk}
+            template = self.refine.partial_format(query_str=self.query_str, existing_answer=response)
+            repacked = self.helper.repack(template, [chunk], llm=self.planner.llm)
+            if len(repacked) > 1:  # the answer grew: the chunk no longer fits in one prompt
+                self.queue.extendleft(repacked)
+                continue
+            return template, {"context_msg": repacked[0]}
+        return None
+
+    def build(self, graph: PGraph, response: str | None) -> Ref:
+        """Add the next call to ``graph``; returns a ref to the loop's final answer."""
+        call = self.next_call(response)
+        if call is None:
+            return cpu_step(graph, "answer", lambda: final_answer(response), {}, self.origin)
+        text = self.planner.llm_call(graph, *call, self.origin)
+        if not self.queue:  # the last call (a later repack cannot add calls: nothing is left)
+            return cpu_step(graph, "answer", lambda text: final_answer(text or response), {"text": text},
+                                 self.origin)
+        # The next prompt holds this answer: expand the rest once it is decoded.
+        return cpu_step(graph, "refine_next", lambda text: self.expand(text or response), {"text": text},
+                             self.origin)
+
+    def expand(self, response: str | None) -> Expansion:
+        graph = PGraph(f"{self.origin}_step")
+        graph.output("out", self.build(graph, response))
+        return Expansion(self.planner.prepare(graph), {})
+
+
+def final_answer(response: str | None) -> str:
+    return response or EMPTY
+
+
+def cpu_step(graph: PGraph, name: str, fn: Callable[..., Any], inputs: dict[str, Ref], origin: str) -> Ref:
+    """A pure CPU step of a synthesis expansion."""
+    return graph.add(Op.OPAQUE, name=graph.unique_name(name), inputs=inputs, origin=origin,
+                     attrs={"fn": framework_call(fn), "pure": True}).out()

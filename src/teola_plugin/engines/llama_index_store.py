@@ -1,0 +1,67 @@
+"""An engine that searches a LlamaIndex vector store the user built: their instance, never a copy.
+
+Each search request names an *index*, which is bound to one ``VectorIndexRetriever``; the
+engine answers it with that retriever's own code path after the embedding step
+(``_get_nodes_with_embeddings``: the ``VectorStoreQuery`` it builds — top-k, filters,
+mode, node / doc ids, vector-store kwargs — the store query, the docstore fetch and the
+conversion to ``NodeWithScore``), so the nodes and scores are what the retriever returns.
+
+Served in-process (``Runtime.add_local_engine``): the store is a live Python object that
+must not be pickled into an actor. Knows nothing about graphs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from ..errors import EngineInputError
+from .base import Engine
+
+
+class FrameworkVectorStoreEngine(Engine):
+    """Vector search on one LlamaIndex vector store, one bound retriever per index name."""
+
+    kind: ClassVar[str] = "vector_store"
+
+    def __init__(self, vector_store: Any, name: str | None = None) -> None:
+        super().__init__(name)
+        self.vector_store = vector_store
+        self._retrievers: dict[str, Any] = {}
+
+    def bind(self, retriever: Any) -> str:
+        """Route searches on the returned index name through ``retriever``'s query settings."""
+        if retriever._vector_store is not self.vector_store:
+            raise EngineInputError(f"engine {self.name!r}: the retriever searches another vector store")
+        index = f"retriever-{id(retriever):x}"
+        self._retrievers[index] = retriever
+        return index
+
+    async def _load(self) -> None:  # the user's store is already open
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "store": type(self.vector_store).__name__,
+                "indexes": sorted(self._retrievers)}
+
+    async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
+        """Requests ``{"index", "vectors", "k"}`` -> one ranked ``NodeWithScore`` list per vector.
+        ``k`` is the retriever's own ``similarity_top_k`` (the lowering copied it)."""
+        for i, r in enumerate(requests):
+            if r.get("index") not in self._retrievers:
+                raise EngineInputError(f"search request {i}: unknown index {r.get('index')!r} on engine "
+                                       f"{self.name!r} (bound: {sorted(self._retrievers)})")
+        # Stores are synchronous Python; keep the event loop free while they run.
+        return await asyncio.to_thread(self._search_all, requests)
+
+    def _search_all(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
+        from llama_index.core.schema import QueryBundle
+
+        out = []
+        for r in requests:
+            retriever = self._retrievers[r["index"]]
+            # query_str is not part of a vector search request; the lowering only routes
+            # stores and modes here whose results depend on the embedding alone.
+            out.append([retriever._get_nodes_with_embeddings(QueryBundle(query_str="", embedding=list(v)))
+                        for v in (row.tolist() for row in r["vectors"])])
+        return out

@@ -1,0 +1,65 @@
+"""``TeolaEmbedding``: a LlamaIndex embedding model served by the runtime's embedder engine.
+
+Plain LlamaIndex calls it through ``BaseEmbedding``; under the executor the tracer lowers
+the query embedding to an ``embed`` primitive on the same engine (``engine_name``), so both
+paths produce the same vectors from the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+
+from ..runtime.runtime import Runtime, default_runtime
+
+
+class TeolaEmbedding(BaseEmbedding):
+    """Embeddings from the Teola runtime's embedder engine (normalised; dot = cosine)."""
+
+    engine: str = Field(default="embedder", description="Name of the runtime's embedder engine.")
+    model_name: str = Field(default="teola:embedder")
+
+    _runtime: Runtime | None = PrivateAttr(default=None)
+
+    def __init__(self, runtime: Runtime | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._runtime = runtime
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "TeolaEmbedding"
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = default_runtime()
+        return self._runtime
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine
+
+    async def _embed(self, texts: list[str]) -> list[Embedding]:
+        await self.runtime.start_engines(self.engine)
+        vectors = await self.runtime.engines(self.engine).call("embed", texts)
+        return [row.tolist() for row in vectors]
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self.runtime.run_sync(self._embed([query]))[0]
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return (await self.runtime.run_async(self._embed([query])))[0]
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return self.runtime.run_sync(self._embed([text]))[0]
+
+    async def _aget_text_embedding(self, text: str) -> Embedding:
+        return (await self.runtime.run_async(self._embed([text])))[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return self.runtime.run_sync(self._embed(list(texts))) if texts else []
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return (await self.runtime.run_async(self._embed(list(texts)))) if texts else []

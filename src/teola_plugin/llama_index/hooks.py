@@ -1,0 +1,81 @@
+"""The ``Settings.executor`` hook: LlamaIndex's query / retrieve entry points, routed.
+
+LlamaIndex has no executor setting; ``Settings`` is a plain object, so ``Settings.executor =
+TeolaExecutor()`` only stores the executor. :func:`install` wraps four methods once —
+``BaseQueryEngine.query`` / ``aquery`` and ``BaseRetriever.retrieve`` / ``aretrieve`` — so each
+call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs the original.
+Calls the executor itself makes into the framework (opaque primitives) run the originals
+(``capture.llama_index.framework_passthrough``). Subclasses that override these methods
+keep their own code.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.settings import Settings
+
+from ..capture.llama_index import in_passthrough
+from .executor import TeolaExecutor
+
+_ORIGINAL = "__teola_original__"
+
+
+def active_executor() -> TeolaExecutor | None:
+    """The executor that should run a framework call made now, if any."""
+    if in_passthrough():
+        return None
+    executor = getattr(Settings, "executor", None)
+    return executor if isinstance(executor, TeolaExecutor) else None
+
+
+def _route_sync(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any, Any], Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def routed(self: Any, str_or_query_bundle: Any) -> Any:
+        executor = active_executor()
+        if executor is None:
+            return original(self, str_or_query_bundle)
+        return run(executor, self, str_or_query_bundle)
+
+    setattr(routed, _ORIGINAL, original)
+    return routed
+
+
+def _route_async(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any, Any], Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def routed(self: Any, str_or_query_bundle: Any) -> Any:
+        executor = active_executor()
+        if executor is None:
+            return await original(self, str_or_query_bundle)
+        return await run(executor, self, str_or_query_bundle)
+
+    setattr(routed, _ORIGINAL, original)
+    return routed
+
+
+_ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[[TeolaExecutor, Any, Any], Any]], ...] = (
+    (BaseQueryEngine, "query", _route_sync, TeolaExecutor.query),
+    (BaseQueryEngine, "aquery", _route_async, TeolaExecutor.aquery),
+    (BaseRetriever, "retrieve", _route_sync, TeolaExecutor.retrieve),
+    (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
+)
+
+
+def install() -> None:
+    """Wrap the entry points (idempotent: a wrapped method is left as it is)."""
+    for cls, name, wrap, run in _ROUTES:
+        method = cls.__dict__[name]
+        if not hasattr(method, _ORIGINAL):
+            setattr(cls, name, wrap(method, run))
+
+
+def uninstall() -> None:
+    """Restore the original methods (``Settings.executor = None`` is enough for most uses)."""
+    for cls, name, _, _ in _ROUTES:
+        original = getattr(cls.__dict__[name], _ORIGINAL, None)
+        if original is not None:
+            setattr(cls, name, original)

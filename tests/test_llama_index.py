@@ -1,0 +1,263 @@
+"""LlamaIndex integration on the real engines: TeolaExecutor vs plain LlamaIndex.
+
+One session runtime (tests/fixtures_runtime.py); a small index of bundled SQuAD passages
+embedded by TeolaEmbedding; TeolaLLM greedy with few tokens. Prompts are captured where
+each path hands them to the engine: TeolaLLM's engine call (plain LlamaIndex) and the
+``llm_prefill`` handler (Teola), so "same prompt" means the same request reached vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from llama_index.core import Document, Settings, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.response.schema import Response
+from llama_index.core.postprocessor import SimilarityPostprocessor
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from teola_plugin import datasets
+from teola_plugin.errors import ConfigError
+from teola_plugin.llama_index import TeolaEmbedding, TeolaExecutor, TeolaLLM
+from teola_plugin.runtime.handlers import PrimitiveHandlers
+
+pytestmark = pytest.mark.slow
+
+PASSAGES = 30
+MAX_TOKENS = 24
+QUESTIONS = [q.question for q in datasets.load_questions("squad-xquad-en", limit=40)[::13]]  # 4 topics
+
+
+class RecordingLLM(TeolaLLM):
+    """TeolaLLM that records every request it sends to the engine (the plain path)."""
+
+    sent: ClassVar[list[Any]] = []
+
+    async def _engine_generate(self, prompt, params):
+        RecordingLLM.sent.append(prompt)
+        return await super()._engine_generate(prompt, params)
+
+    async def _engine_stream(self, prompt, params):
+        RecordingLLM.sent.append(prompt)
+        async for delta in super()._engine_stream(prompt, params):
+            yield delta
+
+
+class RecordingHandlers(PrimitiveHandlers):
+    """Records the prompt of every llm_prefill (the Teola path)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def llm_prefill(self, prim, inputs, ctx):
+        self.sent.append(inputs["prompt"])
+        return await super().llm_prefill(prim, inputs, ctx)
+
+
+@contextlib.contextmanager
+def teola_prompts(runtime) -> Iterator[list[Any]]:
+    handlers, runtime.handlers = runtime.handlers, RecordingHandlers()
+    try:
+        yield runtime.handlers.sent
+    finally:
+        runtime.handlers = handlers
+
+
+@contextlib.contextmanager
+def plain_prompts() -> Iterator[list[Any]]:
+    RecordingLLM.sent = []
+    yield RecordingLLM.sent
+
+
+@pytest.fixture(scope="module")
+def llm(runtime):
+    return RecordingLLM(runtime=runtime, max_tokens=MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def index(runtime):
+    passages = datasets.load_corpus("squad-xquad-en")[:PASSAGES]
+    docs = [Document(text=p.text, metadata={"title": p.title}, id_=p.id) for p in passages]
+    return VectorStoreIndex.from_documents(docs, embed_model=TeolaEmbedding(runtime=runtime))
+
+
+@pytest.fixture(scope="module")
+def executor(runtime):
+    return TeolaExecutor(runtime=runtime)
+
+
+@pytest.fixture(autouse=True)
+def plain_settings():
+    Settings.executor = None
+    yield
+    Settings.executor = None
+
+
+def ids(nodes: list[NodeWithScore]) -> list[str]:
+    return [n.node.node_id for n in nodes]
+
+
+def assert_same_response(teola: Response, plain: Response) -> None:
+    assert type(teola) is type(plain) is Response
+    assert ids(teola.source_nodes) == ids(plain.source_nodes)
+    assert [n.score for n in teola.source_nodes] == pytest.approx([n.score for n in plain.source_nodes], abs=1e-5)
+    assert teola.metadata == plain.metadata
+    assert teola.response == plain.response
+
+
+# -- fidelity ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,top_k", [("compact", 3), ("refine", 2), ("simple_summarize", 2)])
+def test_same_prompts_nodes_and_answers_as_plain_llamaindex(runtime, index, llm, executor, mode, top_k):
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=top_k, response_mode=mode)
+    questions = QUESTIONS if mode == "compact" else QUESTIONS[:1]
+    for question in questions:
+        with plain_prompts() as sent_plain:
+            plain = query_engine.query(question)
+        with teola_prompts(runtime) as sent_teola:
+            teola = executor.query(query_engine, question)
+        assert sent_teola == sent_plain and sent_plain  # the identical requests reached vLLM
+        assert_same_response(teola, plain)
+    if mode == "refine":  # one sequential call per node: the expansion really chained them
+        assert len(sent_teola) == top_k
+
+
+def test_trace_lowers_the_retrieval_and_expands_synthesis(index, llm, executor):
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
+    graph = executor.trace(query_engine)
+    ops = [p.op.value for p in graph.nodes]
+    assert ops.count("embed") == 1 and ops.count("vector_search") == 1
+    assert graph["vector_search"].attrs["top_k"] == 3
+    assert all(p.after or not i for i, p in enumerate(graph.nodes))  # module order recorded
+    text = executor.explain(query_engine)
+    assert "Opaque components: none" in text
+    assert "synthesize (CompactAndRefine)" in text and "mermaid" in text and "prune_dependencies" in text
+
+
+# -- the drop-in hook ------------------------------------------------------------------------------
+def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
+    retriever = index.as_retriever(similarity_top_k=3)
+    question = QUESTIONS[1]
+    plain = query_engine.query(question)
+    plain_nodes = retriever.retrieve(question)
+    seen = set(runtime.timeline.query_ids())
+
+    Settings.executor = executor
+    teola = query_engine.query(question)
+    qid = executor.last_query_id
+    assert qid not in seen
+    ran = {s.op for s in runtime.timeline.spans([qid])}
+    assert {"embed", "vector_search", "llm_prefill", "llm_decode"} <= ran  # it ran on Teola
+    assert_same_response(teola, plain)
+
+    assert ids(retriever.retrieve(question)) == ids(plain_nodes)
+    assert executor.last_query_id != qid
+    assert ids(asyncio.run(retriever.aretrieve(QueryBundle(question)))) == ids(plain_nodes)
+    async_response = asyncio.run(query_engine.aquery(question))
+    assert_same_response(async_response, plain)
+    assert {"llm_decode"} <= {s.op for s in runtime.timeline.spans([executor.last_query_id])}
+
+    Settings.executor = None  # plain LlamaIndex again: nothing new on the timeline
+    last = executor.last_query_id
+    assert query_engine.query(question).response == plain.response
+    assert executor.last_query_id == last
+
+
+# -- what the tracer does not know stays opaque --------------------------------------------------
+class KeepFirstTwo(BaseNodePostprocessor):
+    """A user's own postprocessor: no lowering rule."""
+
+    def _postprocess_nodes(self, nodes, query_bundle=None):
+        return nodes[:2]
+
+
+class FixedRetriever(BaseRetriever):
+    """A user's own retriever over the index's retriever: no lowering rule."""
+
+    def __init__(self, inner: BaseRetriever) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def _retrieve(self, query_bundle):
+        return self.inner.retrieve(query_bundle)[::-1]
+
+
+def test_unknown_components_stay_opaque_and_answer_right(runtime, index, llm, executor):
+    engine = index.as_query_engine(llm=llm, similarity_top_k=3,
+                                   node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=0.0),
+                                                        KeepFirstTwo()])
+    text = executor.explain(engine)
+    assert "KeepFirstTwo" in text and "no lowering rule" in text and "SimilarityPostprocessor" not in text.split(
+        "Data-dependent")[0]
+    assert [n.component for n in executor.traced(engine).opaque] == ["KeepFirstTwo"]
+    assert "vector_search" in {p.op.value for p in executor.trace(engine).nodes}  # the rest is lowered
+    question = QUESTIONS[2]
+    plain = engine.query(question)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(engine, question)
+    assert len(teola.source_nodes) == 2 and len(sent_teola) == 1
+    assert_same_response(teola, plain)
+
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    custom = RetrieverQueryEngine.from_args(FixedRetriever(index.as_retriever(similarity_top_k=2)), llm=llm)
+    assert [n.component for n in executor.traced(custom).opaque] == ["FixedRetriever"]
+    plain = custom.query(question)
+    Settings.executor = executor  # inner.retrieve inside the opaque step must run the original
+    teola = custom.query(question)
+    assert_same_response(teola, plain)
+
+
+# -- bad input ------------------------------------------------------------------------------------------
+def test_unsupported_objects_and_bad_config_fail_clearly(executor):
+    with pytest.raises(TypeError, match="BaseQueryEngine"):
+        executor.query("not a query engine", "q")
+    with pytest.raises(TypeError, match="BaseRetriever"):
+        executor.retrieve(object(), "q")
+    with pytest.raises(TypeError, match="cannot trace"):
+        executor.trace(42)
+    with pytest.raises(ConfigError, match="unknown optimizer pass 'no_such_pass'"):
+        TeolaExecutor(passes=["no_such_pass"])
+    with pytest.raises(ConfigError, match="timeout_s"):
+        TeolaExecutor(timeout_s=0)
+    with pytest.raises(ValueError):
+        TeolaLLM(max_tokens=0)
+
+
+class Exploding(BaseNodePostprocessor):
+    def _postprocess_nodes(self, nodes, query_bundle=None):
+        raise LookupError("no such shelf: 42")
+
+
+def test_component_errors_reach_the_caller_unchanged(index, llm, executor):
+    engine = index.as_query_engine(llm=llm, node_postprocessors=[Exploding()])
+    with pytest.raises(LookupError) as plain:
+        engine.query(QUESTIONS[0])
+    with pytest.raises(LookupError) as teola:
+        executor.query(engine, QUESTIONS[0])
+    assert str(teola.value) == str(plain.value) == "no such shelf: 42"
+    assert any("Exploding" in note for note in teola.value.__notes__)  # names where it came from
+
+
+# -- the plugin's LLM on its own -------------------------------------------------------------------
+def test_teola_llm_complete_chat_stream_async(runtime):
+    from llama_index.core.llms import ChatMessage
+
+    llm = TeolaLLM(runtime=runtime, max_tokens=12)
+    assert llm.metadata.context_window == 4096 and llm.metadata.is_chat_model
+    text = llm.complete("The capital of France is").text
+    assert text and "".join(r.delta for r in llm.stream_complete("The capital of France is")) == text
+    assert asyncio.run(llm.acomplete("The capital of France is")).text == text
+    messages = [ChatMessage(role="user", content="Say hello.")]
+    reply = llm.chat(messages).message.content
+    assert reply and list(llm.stream_chat(messages))[-1].message.content == reply
+
+    async def astream() -> str:
+        return "".join([r.delta async for r in await llm.astream_chat(messages)])
+
+    assert asyncio.run(astream()) == reply
