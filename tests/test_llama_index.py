@@ -138,6 +138,30 @@ def test_trace_lowers_the_retrieval_and_expands_synthesis(index, llm, executor):
     assert "synthesize (CompactAndRefine)" in text and "mermaid" in text and "prune_dependencies" in text
 
 
+def test_streaming_query_engine_streams_the_same_tokens(runtime, index, llm, executor):
+    from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
+    question = QUESTIONS[3]
+    with plain_prompts() as sent_plain:
+        plain = query_engine.query(question)
+        plain_text = "".join(plain.response_gen)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(query_engine, question)
+        assert isinstance(teola, StreamingResponse)
+        tokens = list(teola.response_gen)
+    assert sent_teola == sent_plain and sent_plain
+    assert len(tokens) > 1 and "".join(tokens) == plain_text  # streamed as decoded, same text
+    assert ids(teola.source_nodes) == ids(plain.source_nodes) and teola.metadata == plain.metadata
+    assert {"llm_decode"} <= {s.op for s in runtime.timeline.spans([executor.last_query_id])}
+
+    async def astream() -> tuple[type, str]:
+        response = await executor.aquery(query_engine, question)
+        return type(response), "".join([t async for t in response.async_response_gen()])
+
+    assert asyncio.run(astream()) == (AsyncStreamingResponse, plain_text)
+
+
 # -- the drop-in hook ------------------------------------------------------------------------------
 def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
@@ -166,6 +190,27 @@ def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, l
     last = executor.last_query_id
     assert query_engine.query(question).response == plain.response
     assert executor.last_query_id == last
+
+
+def test_chroma_vector_store_is_searched_in_place(runtime, executor):
+    """The user's own Chroma collection, searched through the retriever's code path."""
+    import chromadb
+    from llama_index.core import StorageContext
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    collection = chromadb.EphemeralClient().get_or_create_collection("teola-li-test")
+    store = ChromaVectorStore(chroma_collection=collection)
+    passages = datasets.load_corpus("squad-xquad-en")[:12]
+    index = VectorStoreIndex.from_documents(
+        [Document(text=p.text, id_=p.id) for p in passages], embed_model=TeolaEmbedding(runtime=runtime),
+        storage_context=StorageContext.from_defaults(vector_store=store))
+    retriever = index.as_retriever(similarity_top_k=4)
+    assert executor.traced(retriever).opaque == []
+    for question in QUESTIONS[:2]:
+        plain = retriever.retrieve(question)
+        teola = executor.retrieve(retriever, question)
+        assert ids(teola) == ids(plain) and len(plain) == 4
+        assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-5)
 
 
 # -- what the tracer does not know stays opaque --------------------------------------------------

@@ -116,6 +116,8 @@ class TracedApp:
     bound_inputs: dict[str, Any] = field(default_factory=dict)  # values fixed at trace time
     local_engines: dict[str, Engine] = field(default_factory=dict)  # wrap the user's own objects
     notes: list[ComponentNote] = field(default_factory=list)
+    # Set when synthesis streams: the graph outputs the nodes, then this builds the calls.
+    streaming_synthesis: Any = None
 
     def inputs_for(self, query: Any) -> dict[str, Any]:
         """Graph inputs for one ``QueryBundle``."""
@@ -138,7 +140,7 @@ C = TypeVar("C")
 QueryEngineRule = Callable[["LlamaIndexTracer", Any], dict[str, Ref]]  # -> {"response", "nodes"}
 RetrieverRule = Callable[["LlamaIndexTracer", Any], Ref]  # -> nodes
 PostprocessorRule = Callable[["LlamaIndexTracer", Any, Ref], Ref]  # nodes -> nodes
-SynthesizerRule = Callable[["LlamaIndexTracer", Any, Ref], Ref]  # nodes -> response
+SynthesizerRule = Callable[["LlamaIndexTracer", Any, Ref], Ref | None]  # nodes -> response (None: streams)
 
 QUERY_ENGINE_RULES: dict[type, QueryEngineRule] = {}
 RETRIEVER_RULES: dict[type, RetrieverRule] = {}
@@ -235,7 +237,7 @@ class LlamaIndexTracer:
                            lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
                            {"nodes": nodes, "query": self.query}, reason)
 
-    def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref:
+    def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
         rule, reason = _find(SYNTHESIZER_RULES, synthesizer, "response synthesizer")
         if rule is not None:
             try:

@@ -9,7 +9,8 @@
 * Node postprocessors that are plain functions of (nodes, query): the framework's own
   ``postprocess_nodes`` as a pure CPU step.
 * ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` with a TeolaLLM: a run-time
-  expansion into LLM-call chains (``llama_index_synthesis``).
+  expansion into LLM-call chains (``llama_index_synthesis``). A streaming synthesizer runs
+  after the graph (which then outputs the nodes), so the response can stream.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def lower_retriever_query_engine(tr: LlamaIndexTracer, engine: RetrieverQueryEng
     nodes = tr.lower_retriever(engine.retriever)
     for postprocessor in engine._node_postprocessors:  # RetrieverQueryEngine.retrieve's order
         nodes = tr.lower_postprocessor(postprocessor, nodes)
-    return {"response": tr.lower_synthesizer(engine._response_synthesizer, nodes), "nodes": nodes}
+    response = tr.lower_synthesizer(engine._response_synthesizer, nodes)
+    return {"nodes": nodes} if response is None else {"response": response, "nodes": nodes}
 
 
 @lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)
@@ -93,18 +95,22 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 
 
 @lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize)
-def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref:
+def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
     llm = synthesizer._llm
     if not isinstance(llm, EngineBackedLLM) or isinstance(llm, StructuredLLM):
         raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
     if not tr.on_runtime(llm):
         raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
-    for flag, what in ((synthesizer._streaming, "streaming"), (synthesizer._multimodal, "multimodal"),
+    for flag, what in ((synthesizer._multimodal, "multimodal"),
                        (getattr(synthesizer, "_output_cls", None), "output_cls"),
                        (getattr(synthesizer, "_structured_answer_filtering", False), "structured_answer_filtering")):
         if flag:
             raise NotLowerable(f"{what} synthesis is not lowered yet")
     planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion)
+    if planner.streaming:  # tokens reach the caller after the graph returned the nodes
+        tr.traced.streaming_synthesis = planner
+        tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
+        return None
     ref = tr.cpu_step("synthesize", planner, {"query": tr.query, "nodes": nodes}, type(synthesizer).__name__,
                       pure=False)
     tr.note(ref.node, synthesizer, "expands", planner.describe())

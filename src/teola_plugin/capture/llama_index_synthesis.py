@@ -10,6 +10,8 @@ LlamaIndex sends. Packing text into prompts uses the synthesizer's prompt helper
 
 Refine (and compact, which is refine over packed chunks) is sequential: each prompt holds
 the previous answer, so each step expands into its call plus a step that expands the next.
+Streaming synthesizers stream the final call's tokens (graph output ``stream``); the
+executor then builds the ``StreamingResponse`` itself.
 """
 
 from __future__ import annotations
@@ -48,10 +50,19 @@ class SynthesisPlanner:
         return ("expands at run time into one prompt -> llm_prefill -> llm_decode chain per packed chunk, "
                 "in sequence (each refine prompt holds the previous answer)")
 
+    @property
+    def streaming(self) -> bool:
+        return bool(self.synthesizer._streaming)
+
     def __call__(self, query: QueryBundle, nodes: list[NodeWithScore]) -> Any:
-        synth = self.synthesizer
         if not nodes:  # BaseSynthesizer.synthesize answers without calling the LLM
-            return Response(synth._empty_response)
+            return Response(self.synthesizer._empty_response)
+        return Expansion(self.build_graph(query, nodes), {})
+
+    def build_graph(self, query: QueryBundle, nodes: list[NodeWithScore]) -> PGraph:
+        """The calls for these (non-empty) nodes. Output ``out``: the Response; when streaming,
+        the answer text, and the final decode is also output ``stream`` (its tokens stream)."""
+        synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
         graph = PGraph(f"{type(synth).__name__}")
         if isinstance(synth, SimpleSummarize):
@@ -59,11 +70,14 @@ class SynthesisPlanner:
         else:
             chunks = synth._make_compact_text_chunks(query.query_str, texts) if isinstance(synth, CompactAndRefine) else texts
             answer = RefineLoop(self, query.query_str, chunks).build(graph, None)
-        response = graph.add(Op.OPAQUE, name="response", inputs={"text": answer}, origin=type(synth).__name__,
-                             attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, list(nodes))),
-                                    "pure": True})
-        graph.output("out", response.out())  # the synthesize primitive's one port
-        return Expansion(self.prepare(graph), {})
+        if self.streaming:
+            graph.output("out", answer)
+        else:
+            response = graph.add(Op.OPAQUE, name="response", inputs={"text": answer}, origin=type(synth).__name__,
+                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, list(nodes))),
+                                        "pure": True})
+            graph.output("out", response.out())  # the synthesize primitive's one port
+        return self.prepare(graph)
 
     # -- one LLM call, as LLM.predict makes it ----------------------------------------------
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
@@ -89,11 +103,13 @@ class SynthesisPlanner:
         template = synth._text_qa_template.partial_format(query_str=query_str)
         truncated = synth._prompt_helper.truncate(prompt=template, text_chunks=["\n".join(texts)], llm=self.llm)
         text = self.llm_call(graph, template, {"context_str": truncated}, type(synth).__name__)
+        if self.streaming:
+            graph.output("stream", text)
         return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
 
 
 class RefineLoop:
-    """``Refine._run_refine_loop`` unrolled one LLM call at a time (text chunks, no streaming)."""
+    """``Refine._run_refine_loop`` unrolled one LLM call at a time (text chunks)."""
 
     def __init__(self, planner: SynthesisPlanner, query_str: str, chunks: list[str]) -> None:
         synth = planner.synthesizer
@@ -129,6 +145,8 @@ class RefineLoop:
             return cpu_step(graph, "answer", lambda: final_answer(response), {}, self.origin)
         text = self.planner.llm_call(graph, *call, self.origin)
         if not self.queue:  # the last call (a later repack cannot add calls: nothing is left)
+            if self.planner.streaming:
+                graph.output("stream", text)  # only the final answer streams, as in LlamaIndex
             return cpu_step(graph, "answer", lambda text: final_answer(text or response), {"text": text},
                                  self.origin)
         # The next prompt holds this answer: expand the rest once it is decoded.

@@ -12,12 +12,15 @@ logic lives here.
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import uuid
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.schema import QueryBundle
 
 from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, trace
@@ -98,33 +101,82 @@ class TeolaExecutor:
     # -- running ---------------------------------------------------------------------------------
     def query(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "query")
-        return self.runtime.run_sync(self._execute(query_engine, _query_bundle(query)))["response"]
+        bundle = _query_bundle(query)
+        app, graph = self._plan(query_engine)
+        outputs = self.runtime.run_sync(self._execute(app, graph, bundle))
+        if app.streaming_synthesis is not None:
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"])
+        return outputs["response"]
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
-        return (await self.runtime.run_async(self._execute(query_engine, _query_bundle(query))))["response"]
+        bundle = _query_bundle(query)
+        app, graph = self._plan(query_engine)
+        outputs = await self.runtime.run_async(self._execute(app, graph, bundle))
+        if app.streaming_synthesis is not None:
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], async_=True)
+        return outputs["response"]
 
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
-        return self.runtime.run_sync(self._execute(retriever, _query_bundle(query)))["nodes"]
+        app, graph = self._plan(retriever)
+        return self.runtime.run_sync(self._execute(app, graph, _query_bundle(query)))["nodes"]
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
-        return (await self.runtime.run_async(self._execute(retriever, _query_bundle(query))))["nodes"]
+        app, graph = self._plan(retriever)
+        return (await self.runtime.run_async(self._execute(app, graph, _query_bundle(query))))["nodes"]
 
-    def _execute(self, target: Any, query: QueryBundle) -> Coroutine[Any, Any, dict[str, Any]]:
-        """Trace and optimize here, in the caller's thread; the coroutine runs on the runtime loop."""
+    def _plan(self, target: Any) -> tuple[TracedApp, PGraph]:
+        """Trace and optimize in the caller's thread (never on the runtime loop)."""
         app = self.traced(target)
-        graph = self._prepare(app.graph)
+        return app, self._prepare(app.graph)
+
+    async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+        for name, engine in app.local_engines.items():  # the user's own stores, served in-process
+            await self.runtime.add_local_engine(name, engine)
         self.last_query_id = query_id = f"li-{uuid.uuid4().hex[:12]}"
+        return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
+                                          timeout_s=self.timeout_s)
 
-        async def run() -> dict[str, Any]:
-            for name, engine in app.local_engines.items():  # the user's own stores, served in-process
-                await self.runtime.add_local_engine(name, engine)
-            return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
-                                              timeout_s=self.timeout_s)
+    def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], async_: bool = False) -> Any:
+        """LlamaIndex's (Async)StreamingResponse whose tokens come from the synthesis run, which
+        starts now and streams its final decode (graph output ``stream``) into a queue."""
+        synth = planner.synthesizer
+        if not nodes:  # as BaseSynthesizer: no LLM call, the empty answer as the stream
+            gen = synth._empty_response_agenerator() if async_ else synth._empty_response_generator()
+            return (AsyncStreamingResponse if async_ else StreamingResponse)(response_gen=gen)
+        graph = planner.build_graph(query, nodes)
+        tokens: queue.Queue[Any] = queue.Queue()
+        token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
+        future = self.runtime.submit(self.runtime.execute(
+            graph, {}, query_id=self.last_query_id, timeout_s=self.timeout_s, on_token=tokens.put,
+            token_nodes=token_nodes))
+        future.add_done_callback(lambda _: tokens.put(_END))
+        metadata = synth._get_metadata_for_response([n.node for n in nodes])
 
-        return run()
+        def token_gen() -> Iterator[str]:
+            try:
+                while (token := tokens.get()) is not _END:
+                    yield token
+                future.result()  # a failure of the synthesis surfaces where the stream is read
+            finally:
+                future.cancel()  # abandoned early: stop generating (no-op once done)
+
+        async def async_token_gen() -> AsyncIterator[str]:
+            try:
+                while (token := await asyncio.to_thread(tokens.get)) is not _END:
+                    yield token
+                await asyncio.wrap_future(future)
+            finally:
+                future.cancel()
+
+        if async_:
+            return AsyncStreamingResponse(async_token_gen(), source_nodes=list(nodes), metadata=metadata)
+        return StreamingResponse(token_gen(), source_nodes=list(nodes), metadata=metadata)
+
+
+_END = object()
 
 
 def _require(target: Any, base: type, method: str) -> None:

@@ -105,6 +105,11 @@ class PrimitiveHandlers:
         return {"hits": await ctx.submit("search", {"queries": queries, "k": int(prim.attrs.get("top_k", 5))})}
 
     async def format(self, prim, inputs, ctx):
+        # A framework template's own code renders when the lowering kept it (prompts stay
+        # byte-identical); `parts` then only describe the template to the optimizer.
+        render = prim.attrs.get("render")
+        if render is not None:
+            return {"prompt": render(**inputs)}
         prompt = semantics.render(prim.attrs["parts"], inputs)
         role = prim.attrs.get("chat_role")  # chat models: the prompt is one message
         return {"prompt": [{"role": role, "content": prompt}] if role else prompt}

@@ -69,12 +69,15 @@ def fifo_key(p: Priority, seq: int) -> tuple[int]:
 PRIORITY_RULES = {"topology": topology_key, "fifo": fifo_key}
 
 # Defaults per engine kind. vLLM batches continuously inside itself, so its scheduler only
-# orders admission: many in flight, no waiting. CPU models run one batch at a time.
+# orders admission: many in flight, no waiting. CPU models run one batch at a time. The
+# reranker scores whole passages, which gain no throughput from bigger batches on a CPU
+# (docs/benchmarks/engine_profiles.json): a small cap keeps one huge batch from holding
+# every query back (scripts/bench_batching.py measured 32 queries in one rerank batch).
 DEFAULT_POLICIES: dict[str, BatchPolicy] = {
     "llm": BatchPolicy(max_batch_size=64, max_concurrent=64),
     "embedder": BatchPolicy(max_batch_size=64, max_concurrent=1),
     "vector_store": BatchPolicy(max_batch_size=64, max_concurrent=1),
-    "reranker": BatchPolicy(max_batch_size=32, max_concurrent=1),
+    "reranker": BatchPolicy(max_batch_size=4, max_concurrent=1),
     "search": BatchPolicy(max_batch_size=64, max_concurrent=1),
 }
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .engine_scheduler import BatchInfo
 from .hosting import EngineHandle, EngineServer, EngineSpec
-from .policies import Priority
+from .policies import Priority, default_policy
 
 log = logging.getLogger("teola_plugin")
 
@@ -110,6 +110,7 @@ class RayHandle(EngineHandle):
         self.spec = spec
         self.actor = create_actor(spec, replica, **actor_options)
         self._pending: list[tuple[str, Any, Priority, asyncio.Future[Any]]] = []
+        self._group = (spec.policy or default_policy(spec.kind or spec.engine_class().kind)).max_batch_size
 
     async def start(self) -> dict[str, Any]:
         return await _remote(self.actor.start.remote())
@@ -125,9 +126,13 @@ class RayHandle(EngineHandle):
         return await future
 
     def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if batch:
-            asyncio.get_running_loop().create_task(self._send(batch, retry=True))
+        # One actor call answers when all its requests are done, so a group is capped at
+        # what the engine runs as one batch: requests that would run in later batches travel
+        # in their own call and are not held back by the first ones.
+        pending, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(pending), self._group):
+            loop.create_task(self._send(pending[start:start + self._group], retry=True))
 
     async def _send(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any]]], retry: bool) -> None:
         from ray.exceptions import RayActorError

@@ -1,0 +1,75 @@
+"""LCEL composition: sequences, parallels / dict literals, passthrough, assign, lambdas, parsers.
+
+These emit no engine work; they route symbolic values (a dict literal stays a ``Record``
+until something needs the dict itself), so the LLM and retrieval primitives they connect
+see each other directly.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.runnables import (RunnableLambda, RunnableParallel, RunnablePassthrough,
+                                      RunnableSequence)
+from langchain_core.runnables.passthrough import RunnableAssign
+
+from ..tracer import CannotLower, LangChainTracer, lowering
+from ..values import ChatReply, Kind, Record, Traced, Value
+
+
+@lowering(RunnableSequence)
+def lower_sequence(t: LangChainTracer, seq: RunnableSequence, value: Value) -> Value:
+    for step in seq.steps:
+        value = t.lower(step, value)
+    return value
+
+
+@lowering(RunnableParallel)
+def lower_parallel(t: LangChainTracer, par: RunnableParallel, value: Value) -> Value:
+    steps = list(par.steps__.items())
+    outs = t.branches([lambda step=step: t.lower(step, value) for _, step in steps])
+    return Record.of({key: out for (key, _), out in zip(steps, outs)})
+
+
+@lowering(RunnablePassthrough)
+def lower_passthrough(t: LangChainTracer, passthrough: RunnablePassthrough, value: Value) -> Value:
+    if passthrough.func is not None or passthrough.afunc is not None:
+        raise CannotLower("RunnablePassthrough(func) calls a function for its side effects")
+    return value
+
+
+@lowering(RunnableAssign)
+def lower_assign(t: LangChainTracer, assign: RunnableAssign, value: Value) -> Value:
+    if not isinstance(value, Record):
+        raise CannotLower("input is not a dict with keys known while tracing")
+    added = t.lower(assign.mapper, value)
+    assert isinstance(added, Record)  # the mapper is a RunnableParallel
+    return Record.of({**value.as_dict(), **added.as_dict()})
+
+
+def _itemgetter_key(func: Any) -> str | None:
+    """The key of ``operator.itemgetter("key")`` (the common LCEL way to pick an input field)."""
+    if isinstance(func, operator.itemgetter):
+        _, args = func.__reduce__()
+        if len(args) == 1 and isinstance(args[0], str):
+            return args[0]
+    return None
+
+
+@lowering(RunnableLambda)
+def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value:
+    key = _itemgetter_key(getattr(lam, "func", None))
+    if key is not None and isinstance(value, Record) and key in value.as_dict():
+        return value.as_dict()[key]
+    raise CannotLower("user function: runs unchanged on the CPU")
+
+
+@lowering(StrOutputParser)
+def lower_str_parser(t: LangChainTracer, parser: StrOutputParser, value: Value) -> Value:
+    if isinstance(value, ChatReply):
+        return value.text
+    if isinstance(value, Traced) and value.kind is Kind.TEXT:
+        return value  # the parser returns a str unchanged
+    raise CannotLower("input is not known to be a str or a chat reply")

@@ -1,0 +1,218 @@
+"""``TeolaRunnable(chain)``: the chain, traced into primitives, optimized, run on Teola.
+
+    fast = TeolaRunnable(chain)
+    fast.invoke({"question": "..."})     # same output as chain.invoke
+
+It is a LangChain Runnable like any other (invoke / batch / stream, sync and async,
+``with_config``, callbacks, ``|``). The chain is traced once per input layout (which keys a
+dict input has; see ``InputLayout``), optimized once, then every call only executes.
+Components the tracer cannot lower run unchanged inside the graph; ``explain()`` lists them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.messages import AIMessageChunk
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import get_config_list
+from langchain_core.runnables.graph import Graph
+from langchain_core.vectorstores import VectorStore
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from ..capture.langchain import InputLayout, trace_runnable
+from ..ir.graph import PGraph
+from ..optimizer import PassManager
+from ..runtime.runtime import Runtime, default_runtime
+from .bridge import stream_async, stream_sync
+from .graph_view import to_langchain_graph
+from .plan import ExecutionPlan
+
+MAX_PLANS = 32  # traces kept per chain (one per input layout)
+
+
+class TeolaRunnable(RunnableSerializable[Any, Any]):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    chain: Runnable
+    runtime: Any = Field(default=None, exclude=True)
+    """The Teola ``Runtime`` to run on; default: the one the chain's Teola models use, else
+    ``default_runtime()``."""
+    passes: list[str] | None = None  # optimizer passes (None: all, in the default order)
+    disabled: list[str] = Field(default_factory=list)  # passes switched off (ablations)
+    timeout_s: float | None = None  # per call
+
+    _plans: OrderedDict[InputLayout, ExecutionPlan] = PrivateAttr(default_factory=OrderedDict)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    def __init__(self, chain: Any, *, runtime: Runtime | None = None, passes: Sequence[str] | None = None,
+                 disabled: Sequence[str] = (), **kwargs: Any) -> None:
+        if not isinstance(chain, Runnable):
+            raise TypeError(f"TeolaRunnable wraps a LangChain Runnable; got {type(chain).__name__}. "
+                            "Wrap functions in RunnableLambda and dicts in RunnableParallel first.")
+        PassManager(passes, disabled)  # a misspelt pass name fails here, not at the first call
+        super().__init__(chain=chain, runtime=runtime, passes=None if passes is None else list(passes),
+                         disabled=list(disabled), **kwargs)
+
+    # -- what runs ---------------------------------------------------------------------------
+    def teola_runtime(self) -> Runtime:
+        if self.runtime is None:
+            self.runtime = _runtime_in(self.chain) or default_runtime()
+        return self.runtime
+
+    def _plan(self, input: Any) -> ExecutionPlan:
+        return self._plan_for(InputLayout.of(input))
+
+    def _plan_for(self, layout: InputLayout) -> ExecutionPlan:
+        with self._lock:
+            plan = self._plans.get(layout)
+            if plan is None:
+                plan = ExecutionPlan.build(trace_runnable(self.chain, layout), self.passes, self.disabled)
+                self._plans[layout] = plan
+                while len(self._plans) > MAX_PLANS:
+                    self._plans.popitem(last=False)
+            return plan
+
+    def _example_layout(self) -> InputLayout:
+        """The input layout the chain's input schema describes (for trace / explain / graphs)."""
+        schema = self.chain.get_input_jsonschema()
+        props = schema.get("properties") if schema.get("type") == "object" else None
+        if props:
+            return InputLayout(tuple(props), frozenset(k for k, p in props.items() if p.get("type") == "string"))
+        return InputLayout(None, frozenset({"input"}) if schema.get("type") == "string" else frozenset())
+
+    def _plan_for_inspection(self, input: Any | None) -> ExecutionPlan:
+        return self._plan(input) if input is not None else self._plan_for(self._example_layout())
+
+    def trace(self, input: Any | None = None) -> PGraph:
+        """The primitive graph as traced (module order kept), for ``input``'s layout."""
+        return self._plan_for_inspection(input).trace.graph
+
+    def explain(self, input: Any | None = None) -> str:
+        """What the optimizer changed and which components stay opaque, and why."""
+        return self._plan_for_inspection(input).explain()
+
+    def get_graph(self, config: RunnableConfig | None = None) -> Graph:
+        """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.)."""
+        return to_langchain_graph(self._plan_for_inspection(None).graph)
+
+    # -- schemas: the chain's ------------------------------------------------------------
+    @property
+    def InputType(self) -> Any:  # noqa: N802
+        return self.chain.InputType
+
+    @property
+    def OutputType(self) -> Any:  # noqa: N802
+        return self.chain.OutputType
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        return self.chain.get_input_schema(config)
+
+    def get_output_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        return self.chain.get_output_schema(config)
+
+    # -- invoke / batch ------------------------------------------------------------------
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return self._call_with_config(self._run, input, config)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return await self._acall_with_config(self._arun, input, config)
+
+    def _run(self, input: Any) -> Any:
+        runtime, plan = self.teola_runtime(), self._plan(input)
+        return runtime.run_sync(plan.execute(runtime, input, timeout_s=self.timeout_s))
+
+    async def _arun(self, input: Any) -> Any:
+        runtime, plan = self.teola_runtime(), self._plan(input)
+        return await runtime.run_async(plan.execute(runtime, input, timeout_s=self.timeout_s))
+
+    def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
+              *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """All queries in flight at once (LangChain's default caps threads at a few), so the
+        engines batch across them; outputs in input order."""
+        if not inputs:
+            return []
+        configs = [c if c.get("max_concurrency") else {**c, "max_concurrency": len(inputs)}
+                   for c in get_config_list(config, len(inputs))]
+        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    # -- streaming -----------------------------------------------------------------------
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        yield from self._transform_stream_with_config(iter([input]), self._stream_chunks, config)
+
+    async def astream(self, input: Any, config: RunnableConfig | None = None,
+                      **kwargs: Any) -> AsyncIterator[Any]:
+        async def single() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(single(), self._astream_chunks, config):
+            yield chunk
+
+    def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[Any]:
+        input = _last(inputs)
+        runtime, plan = self.teola_runtime(), self._plan(input)
+        chunk, streamed = _chunker(plan), False
+        run = lambda push: plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s)  # noqa: E731
+        for final, item in stream_sync(runtime, run):
+            if not final:
+                streamed = True
+                yield chunk(item)
+            elif not streamed:  # nothing streamed (no LLM at the end): the output at once
+                yield item
+
+    async def _astream_chunks(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        input = None
+        async for input in inputs:  # noqa: B007
+            pass
+        runtime, plan = self.teola_runtime(), self._plan(input)
+        chunk, streamed = _chunker(plan), False
+        run = lambda push: plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s)  # noqa: E731
+        async for final, item in stream_async(runtime, run):
+            if not final:
+                streamed = True
+                yield chunk(item)
+            elif not streamed:
+                yield item
+
+
+def _last(items: Iterator[Any]) -> Any:
+    value = None
+    for value in items:  # noqa: B007
+        pass
+    return value
+
+
+def _chunker(plan: ExecutionPlan) -> Any:
+    """Token deltas as the chain's stream chunks: str, or AIMessageChunk for a chat reply."""
+    if plan.trace.output.streams == "message":
+        return lambda text: AIMessageChunk(content=text)
+    return lambda text: text
+
+
+def _runtime_in(root: Any) -> Runtime | None:
+    """The runtime of the first Teola model / embeddings found inside a chain."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if hasattr(obj, "teola_runtime") and getattr(obj, "runtime", None) is not None:
+            return obj.runtime
+        if isinstance(obj, BaseModel):
+            children: list[Any] = list(obj.__dict__.values())
+        elif isinstance(obj, VectorStore):
+            children = [getattr(obj, "embedding", None), getattr(obj, "embeddings", None)]
+        elif isinstance(obj, (list, tuple)):
+            children = list(obj)
+        elif isinstance(obj, dict):
+            children = list(obj.values())
+        else:
+            continue
+        stack.extend(c for c in children if isinstance(c, (Runnable, VectorStore, Embeddings, list, tuple, dict)))
+    return None

@@ -1,0 +1,39 @@
+"""Serve a LangChain vector store object as a Teola engine (kind ``vector_store``).
+
+The store stays the user's instance: a lowered retriever's ``vector_search`` primitive
+calls the store's own ``similarity_search_by_vector`` with the query vector, which is what
+the retriever calls after embedding the query. Searches of several queries arrive
+batched (one engine call); each runs in a worker thread so a large store does not stall
+the runtime loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..engines.base import Engine
+
+
+class FrameworkVectorStoreEngine(Engine):
+    kind: ClassVar[str] = "vector_store"
+
+    def __init__(self, store: Any, name: str | None = None) -> None:
+        super().__init__(name)
+        self.store = store
+
+    async def _load(self) -> None:
+        return None  # the store is already loaded: it is the user's object
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "store": type(self.store).__name__}
+
+    def _search(self, vectors: Any, k: int) -> list[list[Any]]:
+        return [self.store.similarity_search_by_vector(np.asarray(v, dtype=np.float32).tolist(), k=k)
+                for v in vectors]
+
+    async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
+        """Requests ``{"index", "vectors", "k"}`` -> one document list per vector, per request."""
+        return await asyncio.to_thread(lambda: [self._search(r["vectors"], int(r["k"])) for r in requests])

@@ -1,0 +1,263 @@
+"""TeolaRunnable on real engines: the same prompts, documents and outputs as the chain itself.
+
+Every chain here runs twice on the session runtime's engines (vLLM, MiniLM): once as
+LangChain runs it (the plugin's models call the engines directly), once traced into
+primitives and scheduled by Teola. Greedy decoding, short answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from teola_plugin import datasets
+from teola_plugin.langchain import TeolaChatModel, TeolaEmbeddings, TeolaLLM, TeolaRunnable
+
+QUESTIONS = [
+    "Which NFL team represented the AFC at Super Bowl 50?",
+    "Where did Super Bowl 50 take place?",
+    "What is the Rhine?",
+    "Who founded the Yuan dynasty?",
+]
+QA_TEMPLATE = ("You are a helpful assistant. Answer the question using only the context "
+               "below, in one short sentence.\n\nContext:\n{context}\n\nQuestion: {question}\nAnswer:")
+
+
+def format_docs(docs: list[Document]) -> str:
+    return "\n\n".join(d.page_content for d in docs)
+
+
+# -- fixtures: models, a store of bundled passages, a prompt recorder -------------------------
+@pytest.fixture(scope="module")
+def llm(runtime):
+    return TeolaLLM(runtime=runtime, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def chat(runtime):
+    return TeolaChatModel(runtime=runtime, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def retriever(runtime):
+    passages = datasets.load_corpus("squad-xquad-en")[:30]
+    store = InMemoryVectorStore(TeolaEmbeddings(runtime=runtime))
+    store.add_texts([p.text for p in passages], metadatas=[{"title": p.title} for p in passages],
+                    ids=[p.id for p in passages])
+    return store.as_retriever(search_kwargs={"k": 2})
+
+
+@pytest.fixture
+def engine_prompts(runtime, monkeypatch):
+    """Every prompt that reaches the LLM engine, from either path (spy on its pool)."""
+    pool = runtime.engines("llm")
+    seen: list = []
+    submit, open_stream = pool.submit, pool.open_stream
+
+    async def spy_submit(op, payload, *args, **kwargs):
+        if op == "generate":
+            seen.append(payload["prompt"])
+        return await submit(op, payload, *args, **kwargs)
+
+    async def spy_open_stream(method, kwargs, *args, **kw):
+        seen.append(kwargs["prompt"])
+        return await open_stream(method, kwargs, *args, **kw)
+
+    monkeypatch.setattr(pool, "submit", spy_submit)
+    monkeypatch.setattr(pool, "open_stream", spy_open_stream)
+    return seen
+
+
+def run_both(chain, fast, inputs, prompts):
+    """Outputs and engine prompts of the plain chain and of its Teola run, per input."""
+    plain, plain_prompts = [], []
+    for x in inputs:
+        prompts.clear()
+        plain.append(chain.invoke(x))
+        plain_prompts.append(list(prompts))
+    teola, teola_prompts = [], []
+    for x in inputs:
+        prompts.clear()
+        teola.append(fast.invoke(x))
+        teola_prompts.append(list(prompts))
+    return plain, plain_prompts, teola, teola_prompts
+
+
+# -- fidelity ----------------------------------------------------------------------------
+def test_prompt_model_parser_sends_the_same_prompt_and_returns_the_same_text(llm, runtime, engine_prompts):
+    prompt = PromptTemplate.from_template(
+        "You are a geography teacher. Answer in one short sentence.\nQuestion: {question}\nAnswer:")
+    chain = prompt | llm | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    inputs = [{"question": q} for q in QUESTIONS[:2]]
+    plain, plain_prompts, teola, teola_prompts = run_both(chain, fast, inputs, engine_prompts)
+    assert teola_prompts == plain_prompts and all(len(p) == 1 for p in plain_prompts)
+    assert teola == plain and all(isinstance(t, str) and t for t in teola)
+    fmt = fast.trace(inputs[0])["format"]
+    assert fmt.attrs["parts"][0].startswith("You are a geography teacher")  # static prefix visible
+
+
+def test_rag_chain_retrieves_prompts_and_answers_like_langchain(chat, retriever, runtime, engine_prompts):
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    plain, plain_prompts, teola, teola_prompts = run_both(chain, fast, QUESTIONS[:2], engine_prompts)
+    assert teola_prompts == plain_prompts
+    assert all(p[0][0]["content"].count("\n\n") >= 3 for p in teola_prompts)  # 2 passages in context
+    assert teola == plain
+    ops = [p.op.value for p in fast.trace(QUESTIONS[0])]
+    assert ops[:4] == ["aggregate", "embed", "vector_search", "aggregate"]
+    assert ops[-3:] == ["format", "llm_prefill", "llm_decode"]
+
+
+def test_rag_with_sources_returns_the_same_documents(chat, retriever, runtime):
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    answer = (RunnableLambda(lambda x: {"context": format_docs(x["context"]), "question": x["question"]})
+              | prompt | chat | StrOutputParser())
+    chain = ({"context": retriever, "question": RunnablePassthrough()}
+             | RunnablePassthrough.assign(answer=answer))
+    fast = TeolaRunnable(chain, runtime=runtime)
+    for q in QUESTIONS[:2]:
+        expected, got = chain.invoke(q), fast.invoke(q)
+        assert list(got) == ["context", "question", "answer"]
+        assert got["context"] == expected["context"] and len(got["context"]) == 2
+        assert all(isinstance(d, Document) and d.id for d in got["context"])
+        assert got == expected
+
+
+def test_chat_model_output_is_a_message_with_the_same_content(chat, runtime):
+    chain = ChatPromptTemplate.from_messages([("system", "Answer briefly."), ("human", "{question}")]) | chat
+    fast = TeolaRunnable(chain, runtime=runtime)
+    expected, got = chain.invoke({"question": QUESTIONS[3]}), fast.invoke({"question": QUESTIONS[3]})
+    assert type(got) is type(expected) and got.content == expected.content
+
+
+# -- batch, async, stream ---------------------------------------------------------------------
+def test_batch_of_16_keeps_order_and_sends_the_same_documents_and_prompts(chat, retriever, runtime,
+                                                                         engine_prompts):
+    """Answers are not compared token for token here: vLLM's batched greedy decoding can pick
+    another token than batch-1 decoding (measured: LangChain's own chain.batch differs from
+    its sequential invokes in 4 of these 16 answers). What decides an answer is compared:
+    the documents and the exact prompts, and the order of the outputs."""
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    chain = ({"context": retriever | format_docs, "question": RunnablePassthrough()}
+             | RunnablePassthrough.assign(answer=prompt | chat | StrOutputParser()))
+    questions = [q.question for q in datasets.load_questions("squad-xquad-en", limit=16, seed=1)]
+    contexts = (retriever | format_docs).batch(questions)  # what the chain retrieves (no LLM)
+    expected_prompts = [chat.engine_prompt(prompt.invoke({"context": c, "question": q}))
+                        for c, q in zip(contexts, questions)]
+    engine_prompts.clear()
+    got = TeolaRunnable(chain, runtime=runtime).batch(questions)
+    assert [g["question"] for g in got] == questions
+    assert [g["context"] for g in got] == contexts
+    assert all(isinstance(g["answer"], str) and g["answer"] for g in got)
+    assert sorted(map(repr, engine_prompts)) == sorted(map(repr, expected_prompts))
+    # The 16 queries shared engine batches: some embed call carried several queries.
+    spans = [s for s in runtime.timeline.spans() if s.op == "embed"][-16:]
+    assert max(s.batch_size for s in spans) > 1
+
+
+def test_async_invoke_and_batch(llm, runtime, engine_prompts):
+    prompt = PromptTemplate.from_template("Q: {question}\nA:")
+    chain = RunnablePassthrough.assign(answer=prompt | llm | StrOutputParser())
+    fast = TeolaRunnable(chain, runtime=runtime)
+    inputs = [{"question": q} for q in QUESTIONS[:3]]
+    expected = chain.invoke(inputs[0])
+
+    async def main():
+        return await fast.ainvoke(inputs[0]), await fast.abatch(inputs)
+
+    engine_prompts.clear()
+    one, many = asyncio.run(main())
+    assert one == expected
+    assert [m["question"] for m in many] == QUESTIONS[:3]  # in order (answers: see the batch test)
+    assert sorted(engine_prompts[1:]) == sorted(prompt.invoke(x).to_string() for x in inputs)
+
+
+def test_stream_yields_tokens_as_decoded(chat, retriever, runtime):
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    whole = fast.invoke(QUESTIONS[0])
+    chunks = list(fast.stream(QUESTIONS[0]))
+    assert len(chunks) > 3 and "".join(chunks) == whole
+
+    async def collect():
+        return [c async for c in fast.astream(QUESTIONS[0])]
+
+    achunks = asyncio.run(collect())
+    assert len(achunks) > 3 and "".join(achunks) == whole
+
+
+def test_plugin_models_stream_without_the_wrapper(chat, llm):
+    chunks = list(chat.stream("Name three colours."))
+    assert len(chunks) > 3 and "".join(c.content for c in chunks) == chat.invoke("Name three colours.").content
+    pieces = list(llm.stream("The capital of France is"))
+    assert len(pieces) > 3 and "".join(pieces) == llm.invoke("The capital of France is")
+
+
+# -- inspection, callbacks, errors ---------------------------------------------------------------
+def test_graph_and_explain_show_primitives_and_opaque_components(chat, retriever, runtime):
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    mermaid = fast.get_graph().draw_mermaid()
+    for primitive in ("embed", "vector_search", "format", "llm_prefill", "llm_decode", "format_docs"):
+        assert primitive in mermaid
+    explanation = fast.explain()
+    assert "prune_dependencies" in explanation
+    assert "format_docs" in explanation and "user function" in explanation
+    unknown = RunnableLambda(lambda x: x).with_retry()  # no rule for RunnableRetry
+    assert "no lowering rule" in TeolaRunnable(unknown | chain, runtime=runtime).explain("q")
+
+
+def test_callbacks_see_the_run_and_the_opaque_steps_as_children(chat, retriever, runtime):
+    class Recorder(BaseCallbackHandler):
+        def __init__(self):
+            self.starts: list[tuple[str, object, object]] = []
+
+        def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, **kwargs):
+            self.starts.append((kwargs.get("name"), run_id, parent_run_id))
+
+    prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
+    recorder = Recorder()
+    TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1], {"callbacks": [recorder], "run_name": "fast-rag"})
+    (root,) = [s for s in recorder.starts if s[0] == "fast-rag"]
+    assert root[2] is None
+    assert any(name == "format_docs" and parent == root[1] for name, _, parent in recorder.starts)
+
+
+def test_inputs_the_chain_rejects_are_rejected_the_same_way(llm, runtime):
+    chain = PromptTemplate.from_template("{topic}: {question}") | llm | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    for bad in ({"question": "only one of two"}, "a bare string for two variables"):
+        with pytest.raises(Exception) as plain:
+            chain.invoke(bad)
+        with pytest.raises(type(plain.value)) as teola:
+            fast.invoke(bad)
+        assert str(teola.value) == str(plain.value)
+    with pytest.raises(TypeError, match="Runnable"):
+        TeolaRunnable(lambda x: x)
+
+
+def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime, retriever):
+    from langchain_classic.retrievers.multi_query import MultiQueryRetriever
+
+    expander = TeolaLLM(runtime=runtime, max_tokens=40)
+    mq = MultiQueryRetriever.from_llm(retriever=retriever, llm=expander)
+    fast = TeolaRunnable(mq, runtime=runtime)
+    question = QUESTIONS[2]
+    expected, got = mq.invoke(question), fast.invoke(question)
+    assert got == expected and len(got) >= 2
+    plan = fast._plan(question)
+    (decode,) = [p for p in plan.graph if p.op.value == "llm_decode"]
+    assert decode.attrs["parse"] == "lines"
+    assert "Opaque components: none" in fast.explain(question)
