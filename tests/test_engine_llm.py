@@ -86,3 +86,20 @@ def test_missing_model_directory_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFoundError, match="not a Hugging Face model directory"):
         asyncio.run(VLLMEngine(model=tmp_path / "empty").start())
+
+
+def test_a_model_vllm_cannot_load_raises_model_load_error(tmp_path):
+    import shutil
+
+    from teola_plugin.errors import ModelLoadError
+    from teola_plugin.models import ensure_default_llm
+
+    good = ensure_default_llm(progress=False)
+    bad = tmp_path / "broken-model"
+    bad.mkdir()
+    for f in good.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, bad / f.name)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError, match="broken-model"):
+        asyncio.run(VLLMEngine(model=bad).start())

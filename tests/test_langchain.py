@@ -259,5 +259,5 @@ def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime
     assert got == expected and len(got) >= 2
     plan = fast._plan(question)
     (decode,) = [p for p in plan.graph if p.op.value == "llm_decode"]
-    assert decode.attrs["parse"] == "lines"
+    assert decode.attrs["parse"] == "lines" and decode.attrs["stream_items"]  # pipelined retrieval
     assert "Opaque components: none" in fast.explain(question)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, GraphValidationError
@@ -51,6 +53,17 @@ class PassManager:
     def run(self, graph: PGraph, cost_model: CostModel | None = None) -> PGraph:
         """A new, optimized graph; ``graph`` is left untouched. ``result.history`` holds one
         :class:`PassRecord` per pass and ``result.explain()`` puts them in words."""
+        # A run allocates many small, acyclic objects; the cyclic collector's passes over
+        # them were a fifth of the time on 1,000-primitive graphs and find nothing to free.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(graph, cost_model)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self, graph: PGraph, cost_model: CostModel | None) -> PGraph:
         # One context for the whole run: node costs and finish times are shared between the
         # manager's critical paths and the passes that need them.
         ctx = PassContext(cost_model or CostModel.default(), self.options)

@@ -35,8 +35,11 @@ log = logging.getLogger("teola_plugin")
 T = TypeVar("T")
 
 
-def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float = 0.0) -> dict[str, EngineSpec]:
-    """The five engines of the paper's apps, with their default models."""
+def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | None = None) -> dict[str, EngineSpec]:
+    """The five engines of the paper's apps, with their default models. vLLM gets one GPU
+    when this machine has one (Ray hides GPUs from actors that did not ask for them)."""
+    if num_gpus_llm is None:
+        num_gpus_llm = 1.0 if _cuda_devices() > 0 else 0.0
     return {
         "llm": EngineSpec("llm", "teola_plugin.engines.llm_vllm:VLLMEngine",
                           {"model": llm_model} if llm_model else {}, kind="llm", num_gpus=num_gpus_llm),
@@ -45,6 +48,15 @@ def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float = 0.0
         "reranker": EngineSpec("reranker", "teola_plugin.engines.reranker:Reranker", kind="reranker"),
         "search": EngineSpec("search", "teola_plugin.engines.search:BM25SearchEngine", kind="search"),
     }
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a CPU-only torch build, or none
+        return 0
 
 
 class Runtime:
