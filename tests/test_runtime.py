@@ -225,3 +225,15 @@ def test_dynamic_expansion_runs_a_sub_graph_sized_by_the_data(runtime, call):
         assert abs(float(got @ want) - 1.0) < 1e-4
     spans = [s.node for s in runtime.timeline.spans([qid])]
     assert sorted(n for n in spans if n.startswith("embed_hit")) == [f"embed_hit{i}" for i in range(4)]
+
+
+def test_tokens_of_the_answer_stream_as_they_are_decoded(runtime, call):
+    graph = small_answers(optimize(app_graphs.search_augmented(top_k=2)), max_tokens=24)
+    decode = next(p.name for p in graph.nodes if p.op.value == "llm_decode")
+    deltas: list[tuple[float, str]] = []
+    out = call(runtime.execute(graph, {"question": "Who founded the Yuan dynasty?"}, timeout_s=120,
+                               on_token=lambda text: deltas.append((time.time(), text)),
+                               token_nodes=frozenset({decode})))
+    assert "".join(t for _, t in deltas) == out["answer"]
+    assert len(deltas) > 3
+    assert deltas[-1][0] - deltas[0][0] > 0.05  # spread over the decode, not one final chunk

@@ -250,11 +250,13 @@ class GraphRun:
             raise
 
     async def _expand(self, prim: Primitive, expansion: Expansion) -> dict[str, Any]:
+        # If this node's text is what the caller streams, so is the text of the sub-graph
+        # nodes that produce its outputs (e.g. the last refine step).
+        streamed = prim.name in self.token_nodes
         child = GraphRun(
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
-            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival,
-            on_token=self.on_token, token_nodes=frozenset(expansion.graph.outputs and
-                                                          {r.node for r in expansion.graph.outputs.values()}),
+            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
+            token_nodes=frozenset(r.node for r in expansion.graph.outputs.values()) if streamed else frozenset(),
         )
         return await child.run()
 

@@ -97,7 +97,10 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         fp = g.add(Op.FORMAT, name=g.unique_name(f"{fmt_name}.prefix"), engine=fmt.engine,
                    origin=fmt.origin, after=fmt.after,
                    inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
-                   attrs={"parts": list(prefix), "prefix_of": fmt_name})
+                   # a chat prompt's prefix must go through the same chat template, or its
+                   # tokens would not be a prefix of the full prompt's tokens
+                   attrs={"parts": list(prefix), "prefix_of": fmt_name,
+                          **({"chat_role": fmt.attrs["chat_role"]} if "chat_role" in fmt.attrs else {})})
         pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.partial"),
                    engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},
                    attrs={"est_prompt_tokens": tokens, "prefix_of": prefill_name})
