@@ -137,6 +137,8 @@ def test_chat_model_output_is_a_message_with_the_same_content(chat, runtime):
     fast = TeolaRunnable(chain, runtime=runtime)
     expected, got = chain.invoke({"question": QUESTIONS[3]}), fast.invoke({"question": QUESTIONS[3]})
     assert type(got) is type(expected) and got.content == expected.content
+    composed = fast | RunnableLambda(lambda message: message.content.upper())  # composes like any Runnable
+    assert composed.invoke({"question": QUESTIONS[3]}) == expected.content.upper()
 
 
 # -- batch, async, stream ---------------------------------------------------------------------
@@ -229,7 +231,8 @@ def test_callbacks_see_the_run_and_the_opaque_steps_as_children(chat, retriever,
     prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
     chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
     recorder = Recorder()
-    TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1], {"callbacks": [recorder], "run_name": "fast-rag"})
+    fast = TeolaRunnable(chain, runtime=runtime).with_config(run_name="fast-rag")
+    fast.invoke(QUESTIONS[1], {"callbacks": [recorder]})
     (root,) = [s for s in recorder.starts if s[0] == "fast-rag"]
     assert root[2] is None
     assert any(name == "format_docs" and parent == root[1] for name, _, parent in recorder.starts)

@@ -306,3 +306,12 @@ def test_teola_llm_complete_chat_stream_async(runtime):
         return "".join([r.delta async for r in await llm.astream_chat(messages)])
 
     assert asyncio.run(astream()) == reply
+
+
+def test_a_bad_ray_address_fails_at_construction():
+    from teola_plugin.llama_index import TeolaExecutor
+
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster"):
+        TeolaExecutor(ray_address="127.0.0.1:1")
+    with pytest.raises(ConfigError, match="host:port"):
+        TeolaExecutor(ray_address="not-an-address")

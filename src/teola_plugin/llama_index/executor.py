@@ -39,12 +39,23 @@ class TeolaExecutor:
         passes / disabled: optimizer passes to run / to switch off (names checked here).
         optimize: ``False`` runs the traced graph as traced (module order).
         timeout_s: bound on each query (``QueryTimeoutError``), ``None`` for none.
+        ray_address: join this Ray cluster (``"host:6379"``, ``"auto"``) with the default
+            engines instead of an embedded one. It connects here, so a wrong address fails
+            at construction with ``ConfigError``.
     """
 
     def __init__(self, runtime: Runtime | None = None, *, passes: Sequence[str] | None = None,
-                 disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None) -> None:
+                 disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None,
+                 ray_address: str | None = None) -> None:
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
+        if ray_address is not None:
+            if runtime is not None:
+                raise ConfigError("pass either runtime or ray_address, not both")
+            if not isinstance(ray_address, str) or not ray_address.strip():
+                raise ConfigError(f"ray_address must be a non-empty string such as 'host:6379' or 'auto', "
+                                  f"got {ray_address!r}")
+            runtime = Runtime(ray_address=ray_address).start()
         if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                       or timeout_s <= 0):
             raise ConfigError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")

@@ -50,6 +50,22 @@ def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | Non
     }
 
 
+def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast on an address nothing listens on: ray.init itself retries for ~2 minutes."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray_address must look like 'host:port', 'ray://host:port' or 'auto', got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+
+
 def _cuda_devices() -> int:
     try:
         import torch
@@ -111,6 +127,11 @@ class Runtime:
                 atexit.register(self.shutdown)
             return self._loop
 
+    def start(self) -> "Runtime":
+        """Start the loop and connect to (or start) Ray now rather than on first use."""
+        self._ensure_loop()
+        return self
+
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())  # type: ignore[arg-type]
 
@@ -154,6 +175,7 @@ class Runtime:
             return
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if self.ray_address is not None:
+            _check_reachable(self.ray_address)
             try:
                 ray.init(address=self.ray_address, ignore_reinit_error=True, log_to_driver=False)
             except Exception as exc:

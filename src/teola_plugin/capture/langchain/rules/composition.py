@@ -27,7 +27,7 @@ def lower_sequence(t: LangChainTracer, seq: RunnableSequence, value: Value) -> V
 
 
 @lowering(RunnableParallel)
-def lower_parallel(t: LangChainTracer, par: RunnableParallel, value: Value) -> Value:
+def lower_parallel(t: LangChainTracer, par: RunnableParallel, value: Value) -> Record:
     steps = list(par.steps__.items())
     outs = t.branches([lambda step=step: t.lower(step, value) for _, step in steps])
     return Record.of({key: out for (key, _), out in zip(steps, outs)})
@@ -44,8 +44,7 @@ def lower_passthrough(t: LangChainTracer, passthrough: RunnablePassthrough, valu
 def lower_assign(t: LangChainTracer, assign: RunnableAssign, value: Value) -> Value:
     if not isinstance(value, Record):
         raise CannotLower("input is not a dict with keys known while tracing")
-    added = t.lower(assign.mapper, value)
-    assert isinstance(added, Record)  # the mapper is a RunnableParallel
+    added = lower_parallel(t, assign.mapper, value)  # the mapper is a RunnableParallel
     return Record.of({**value.as_dict(), **added.as_dict()})
 
 

@@ -49,7 +49,8 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     return fmt, TOKENS_PER_VARIABLE
 
 
-def add_llm_call(t: LangChainTracer, model: Any, value: Value, **decode_attrs: Any) -> Primitive:
+def add_llm_call(t: LangChainTracer, model: Any, value: Value,
+                 **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec]:
     """format -> llm_prefill -> llm_decode for ``model`` on ``value``; returns the decode."""
     if not isinstance(model, LowerableLanguageModel):
         raise CannotLower("not a Teola model: its engine is unknown (use TeolaChatModel / TeolaLLM)")
@@ -61,12 +62,13 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, **decode_attrs: A
     prefill = t.add(Op.LLM_PREFILL, name="llm_prefill", engine=spec.engine, inputs={"prompt": fmt.out()},
                     attrs={"sampling_params": params, "max_tokens": max_tokens,
                            "est_prompt_tokens": est_tokens}, origin=origin)
-    return t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
-                 attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
+    decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
+                   attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
+    return decode, spec
 
 
 @lowering(BaseLanguageModel)
 def lower_model(t: LangChainTracer, model: BaseLanguageModel, value: Value) -> Value:
-    decode = add_llm_call(t, model, value)
+    decode, spec = add_llm_call(t, model, value)
     text = Traced(decode.out("text"), Kind.TEXT, tokens_from=decode.name)
-    return ChatReply(text) if model.teola_call_spec().returns_message else text  # type: ignore[attr-defined]
+    return ChatReply(text) if spec.returns_message else text

@@ -93,7 +93,7 @@ def _register_multi_query() -> None:
         if not (isinstance(value, Traced) and value.kind is Kind.TEXT):
             raise CannotLower("the query is not known to be a str")
         variables = template_variables(prompt, Record.of({"question": value}))
-        decode = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
+        decode, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
                               parse="lines", est_items=3)
         lists = _search(t, mq.retriever, decode.out("items"), 3)
         union = t.add(Op.AGGREGATE, name="unique_union", inputs={"in0": lists},
