@@ -171,11 +171,17 @@ class Runtime:
     def _init_ray(self) -> None:
         import ray
 
+        if self.ray_address is not None:
+            _check_reachable(self.ray_address)
         if ray.is_initialized():
+            # One process joins one cluster: another Runtime (or the user) connected it.
+            current = ray.get_runtime_context().gcs_address
+            if self.ray_address not in (None, "auto") and self.ray_address.split("://")[-1] != current:
+                raise ConfigError(f"this process is already connected to the Ray cluster at {current!r}; "
+                                  f"it cannot also join {self.ray_address!r}")
             return
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if self.ray_address is not None:
-            _check_reachable(self.ray_address)
             try:
                 ray.init(address=self.ray_address, ignore_reinit_error=True, log_to_driver=False)
             except Exception as exc:
