@@ -41,6 +41,7 @@ class EngineSpec:
     num_cpus: float = 0.0  # Ray resources per replica; 0 lets small engines share a node
     num_gpus: float = 0.0
     resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources (placement)
+    threads: int | None = None  # CPU threads for the engine's math libraries; None = all cores
 
     def __post_init__(self) -> None:
         if ":" not in self.factory:

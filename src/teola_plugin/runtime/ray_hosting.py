@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -77,7 +78,12 @@ def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **option
     import ray
 
     actor_cls = ray.remote(EngineActor)
+    # Ray sets OMP_NUM_THREADS=1 in actors that reserve no CPU, which halves a CPU model's
+    # speed on two cores (measured: rerank 0.67 s vs 0.31 s); give the engine its threads.
+    threads = spec.threads or os.cpu_count() or 1
+    env = {"OMP_NUM_THREADS": str(threads), **options.pop("env_vars", {})}
     return actor_cls.options(
+        runtime_env={"env_vars": env},
         name=f"teola-engine-{spec.name}-{replica}-{id(spec):x}",
         num_cpus=spec.num_cpus,
         num_gpus=spec.num_gpus,
