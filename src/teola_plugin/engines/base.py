@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import EngineInputError, EngineNotStartedError
+from ..errors import EngineInputError, EngineNotStartedError, ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,15 @@ def check_texts(texts: Any, what: str = "texts", allow_empty: bool = False) -> l
     if not out and not allow_empty:
         raise EngineInputError(f"{what} is empty")
     return out
+
+
+def check_cuda_available(device: str) -> None:
+    """A CUDA device was asked for: fail with a clear message where torch sees none."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} requested but torch sees no CUDA device")
 
 
 def split_back(flat: Sequence[Any], sizes: Sequence[int]) -> list[list[Any]]:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EngineInputError, EngineNotStartedError, ModelLoadError, ModelNotFoundError
-from .base import Engine, check_texts
+from .base import Engine, check_cuda_available, check_texts
 
 __all__ = ["SentenceTransformerEmbedder", "default_model_path"]
 
@@ -62,11 +62,7 @@ def acquire_sentence_transformer(path: Path, device: str) -> tuple[Any, threadin
     with _SHARED_LOCK:
         entry = _SHARED.get(key)
         if entry is None:
-            if device.startswith("cuda"):
-                import torch
-
-                if not torch.cuda.is_available():
-                    raise ModelLoadError(f"device {device!r} requested but torch sees no CUDA device")
+            check_cuda_available(device)
             from sentence_transformers import SentenceTransformer
 
             try:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EngineInputError, ModelLoadError
-from .base import Engine, Hit, check_texts
+from .base import Engine, Hit, check_cuda_available, check_texts
 from .embedder import (
     acquire_sentence_transformer,
     check_device,
@@ -141,11 +141,7 @@ class Reranker(Engine):
                 "*ForSequenceClassification model; loading it as a CrossEncoder would add a randomly "
                 "initialised head whose scores mean nothing (omit cross_encoder_path for the bi-encoder scorer)"
             )
-        if device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ModelLoadError(f"device {device!r} requested but torch sees no CUDA device")
+        check_cuda_available(device)
         from sentence_transformers import CrossEncoder
 
         try:
