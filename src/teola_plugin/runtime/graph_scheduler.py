@@ -174,10 +174,11 @@ class GraphRun:
                 raise RuntimeError(f"graph {self.graph.name!r} finished without producing {sorted(outputs)}")
 
     async def _cleanup(self) -> None:
-        for task in self._tasks + [t for ts in self._item_tasks.values() for t in ts]:
+        tasks = self._tasks + [t for ts in self._item_tasks.values() for t in ts]
+        for task in tasks:
             if not task.done():
                 task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for state in self._states:  # a prefill whose decode never ran keeps a stream open
             if not state.consumed and not state.finished:
                 state.consumed = True
