@@ -111,6 +111,8 @@ class EngineServer:
         For LLM generation the first item arrives when the prefill is done, so this is
         the ``llm_prefill`` primitive; :meth:`resume_stream` is the ``llm_decode``.
         """
+        if method.startswith("_") or not callable(getattr(self.engine, method, None)):
+            raise EngineInputError(f"engine {self.spec.name!r} has no public stream method {method!r}")
         if not self.engine.started:
             await self.start()
         release = await self.scheduler.admit(priority)
