@@ -155,3 +155,22 @@ def test_invalid_policy_is_rejected():
         BatchPolicy(priority="random")
     with pytest.raises(ValueError):
         BatchPolicy(max_batch_size=0)
+
+
+def test_an_item_cap_splits_requests_into_batches_in_priority_order():
+    async def main():
+        rec = Recorder()
+        sched = EngineScheduler("e", rec, BatchPolicy(max_batch_size=8, max_batch_items=10, max_concurrent=1),
+                                size_of=lambda op, payload: payload)  # a request's payload is its item count
+        blocker = asyncio.create_task(sched.submit("op", 1, Priority()))
+        await asyncio.sleep(0)
+        sizes = [6, 3, 4, 20, 1]
+        reqs = [sched.submit("op", n, Priority(remaining_s=10 - i)) for i, n in enumerate(sizes)]
+        await asyncio.gather(blocker, *reqs)
+        await sched.close()
+        return rec
+
+    rec = run(main())
+    # after the blocker: 6+3 fit (10 max), 4 starts the next batch, 20 runs alone (oversized
+    # requests still run), 1 last; nothing lost
+    assert rec.batches == [[1], [6, 3], [4], [20], [1]]

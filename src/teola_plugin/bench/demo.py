@@ -37,10 +37,14 @@ class Result:
     query_id: str
 
 
-def greedy(graph: PGraph, max_tokens: int) -> PGraph:
+def as_chat(graph: PGraph, max_tokens: int) -> PGraph:
+    """Greedy answers, prompts sent as one user message: SmolLM2 is an instruct model and,
+    given a raw prompt, often ends its turn at once (an empty answer)."""
     for prim in list(graph.nodes):
         if prim.op.value == "llm_prefill":
             graph.set_attrs(prim.name, sampling_params={"temperature": 0.0, "max_tokens": max_tokens})
+        if prim.op.value == "format":
+            graph.set_attrs(prim.name, chat_role="user")
     return graph
 
 
@@ -62,8 +66,8 @@ def main(questions: int = 4, n_docs: int = 60, max_tokens: int = 48, out_dir: st
          hosting: str = "ray") -> dict[str, Any]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plain = greedy(app_graphs.naive_rag(n_docs=n_docs, top_k=3), max_tokens)
-    fast = greedy(optimize(app_graphs.naive_rag(n_docs=n_docs, top_k=3)), max_tokens)
+    plain = as_chat(app_graphs.naive_rag(n_docs=n_docs, top_k=3), max_tokens)
+    fast = optimize(as_chat(app_graphs.naive_rag(n_docs=n_docs, top_k=3), max_tokens))
     (out / "graph_module_order.mmd").write_text(plain.to_mermaid())
     (out / "graph_teola.mmd").write_text(fast.to_mermaid())
     (out / "explain.txt").write_text(fast.explain())

@@ -99,6 +99,15 @@ class Engine(abc.ABC):
             )
         return results
 
+    @staticmethod
+    def request_items(op: str, payload: Mapping[str, Any]) -> int:
+        """Work items in one request (what batch caps count): the length of its list."""
+        for key in ("texts", "hits", "vectors", "queries", "ids"):
+            value = payload.get(key) if isinstance(payload, Mapping) else None
+            if value is not None and hasattr(value, "__len__") and not isinstance(value, str):
+                return max(1, len(value))
+        return 1
+
     # -- shared checks -----------------------------------------------------------------
     def _require_started(self) -> None:
         if not self._started:

@@ -51,10 +51,12 @@ ADMIT = "__admit__"  # pseudo-op of stream admissions
 
 
 class EngineScheduler:
-    def __init__(self, name: str, run_batch: Runner, policy: BatchPolicy) -> None:
+    def __init__(self, name: str, run_batch: Runner, policy: BatchPolicy,
+                 size_of: Callable[[str, Any], int] | None = None) -> None:
         self.name = name
         self.policy = policy
         self._run_batch = run_batch
+        self._size_of = size_of or (lambda op, payload: 1)  # work items of one request
         self._queues: dict[str, list[_Request]] = {}
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -133,10 +135,17 @@ class EngineScheduler:
                     deadlines.append(deadline)
                     continue
             batch: list[_Request] = []
+            items, max_items = 0, self.policy.max_batch_items
             while queue and len(batch) < limit:
                 request = heapq.heappop(queue)
-                if not request.future.done():
-                    batch.append(request)
+                if request.future.done():
+                    continue
+                n = self._size_of(op, request.payload) if op != ADMIT else 1
+                if batch and max_items is not None and items + n > max_items:
+                    heapq.heappush(queue, request)  # first in line for the next batch
+                    break
+                batch.append(request)
+                items += n
             if not queue:
                 del self._queues[op]
             if batch:

@@ -70,7 +70,7 @@ class EngineServer:
         self.spec = spec
         self.engine = engine if engine is not None else spec.build()
         policy = spec.policy or default_policy(self.engine.kind)
-        self.scheduler = EngineScheduler(spec.name, self.engine.execute, policy)
+        self.scheduler = EngineScheduler(spec.name, self.engine.execute, policy, self.engine.request_items)
         self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
         self._stream_ids = itertools.count()
         self._start_lock: asyncio.Lock | None = None

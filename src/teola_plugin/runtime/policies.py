@@ -38,6 +38,11 @@ class BatchPolicy:
                     has a free slot. 0 (the default) is work-conserving: an idle engine starts
                     at once, and while it is busy requests pile up and leave together as the
                     next batch, which batches across queries without adding any delay
+    max_batch_items work items (texts, hits, vectors, queries) in one engine call; None = no
+                    cap. A CPU model gains little throughput from bigger batches, so merging
+                    many requests only makes the first one wait for the last; the cap also
+                    keeps the shards of a decomposed stage from being merged back into one
+                    batch, which would undo their pipelining
     max_concurrent  batches running at once on this engine (1 for a CPU model: two
                     batches would only fight for the same cores)
     priority        "topology" (the rule above) or "fifo"
@@ -45,11 +50,13 @@ class BatchPolicy:
 
     max_batch_size: int = 32
     max_wait_s: float = 0.0
+    max_batch_items: int | None = None
     max_concurrent: int = 1
     priority: str = "topology"
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_concurrent < 1 or self.max_wait_s < 0:
+        if (self.max_batch_size < 1 or self.max_concurrent < 1 or self.max_wait_s < 0
+                or (self.max_batch_items is not None and self.max_batch_items < 1)):
             raise ValueError(f"invalid BatchPolicy {self}")
         if self.priority not in PRIORITY_RULES:
             raise ValueError(f"unknown priority rule {self.priority!r}; known: {sorted(PRIORITY_RULES)}")
@@ -69,16 +76,18 @@ def fifo_key(p: Priority, seq: int) -> tuple[int]:
 PRIORITY_RULES = {"topology": topology_key, "fifo": fifo_key}
 
 # Defaults per engine kind. vLLM batches continuously inside itself, so its scheduler only
-# orders admission: many in flight, no waiting. CPU models run one batch at a time. The
-# reranker scores whole passages, which gain no throughput from bigger batches on a CPU
-# (docs/benchmarks/engine_profiles.json): a small cap keeps one huge batch from holding
-# every query back (scripts/bench_batching.py measured 32 queries in one rerank batch).
+# orders admission: many in flight, no waiting. CPU models run one batch at a time, capped
+# in work items: on a CPU the embedder and the reranker process about as many items per
+# second at batch 8 as at batch 64 (docs/benchmarks/engine_profiles.json), so a bigger
+# batch only holds its first request back. (scripts/bench_batching.py and `teola demo`
+# showed both effects: 32 queries waiting on one rerank batch; the shards of a decomposed
+# ingestion merged back into one embed batch.)
 DEFAULT_POLICIES: dict[str, BatchPolicy] = {
     "llm": BatchPolicy(max_batch_size=64, max_concurrent=64),
-    "embedder": BatchPolicy(max_batch_size=64, max_concurrent=1),
-    "vector_store": BatchPolicy(max_batch_size=64, max_concurrent=1),
-    "reranker": BatchPolicy(max_batch_size=4, max_concurrent=1),
-    "search": BatchPolicy(max_batch_size=64, max_concurrent=1),
+    "embedder": BatchPolicy(max_batch_size=64, max_batch_items=48, max_concurrent=1),
+    "vector_store": BatchPolicy(max_batch_size=64, max_batch_items=2048, max_concurrent=1),
+    "reranker": BatchPolicy(max_batch_size=32, max_batch_items=32, max_concurrent=1),
+    "search": BatchPolicy(max_batch_size=64, max_batch_items=256, max_concurrent=1),
 }
 
 

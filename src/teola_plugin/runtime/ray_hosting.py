@@ -116,7 +116,9 @@ class RayHandle(EngineHandle):
         self.spec = spec
         self.actor = create_actor(spec, replica, **actor_options)
         self._pending: list[tuple[str, Any, Priority, asyncio.Future[Any]]] = []
-        self._group = (spec.policy or default_policy(spec.kind or spec.engine_class().kind)).max_batch_size
+        engine_class = spec.engine_class()
+        self._policy = spec.policy or default_policy(spec.kind or engine_class.kind)
+        self._size_of = engine_class.request_items
 
     async def start(self) -> dict[str, Any]:
         return await _remote(self.actor.start.remote())
@@ -132,13 +134,27 @@ class RayHandle(EngineHandle):
         return await future
 
     def _flush(self) -> None:
-        # One actor call answers when all its requests are done, so a group is capped at
-        # what the engine runs as one batch: requests that would run in later batches travel
-        # in their own call and are not held back by the first ones.
+        # One actor call answers when all its requests are done, so a group holds only what
+        # the engine would run as one batch (its request and item caps): requests bound for
+        # later batches travel in their own calls and are not held back by the first ones.
         pending, self._pending = self._pending, []
+        # In the order the engine scheduler will take them, so groups match its batches.
+        order = sorted(range(len(pending)), key=lambda i: self._policy.key(pending[i][2], i))
+        pending = [pending[i] for i in order]
         loop = asyncio.get_running_loop()
-        for start in range(0, len(pending), self._group):
-            loop.create_task(self._send(pending[start:start + self._group], retry=True))
+        group: list[tuple[str, Any, Priority, asyncio.Future[Any]]] = []
+        items = 0
+        for request in pending:
+            n = self._size_of(request[0], request[1])
+            full = len(group) >= self._policy.max_batch_size or (
+                self._policy.max_batch_items is not None and items + n > self._policy.max_batch_items)
+            if group and full:
+                loop.create_task(self._send(group, retry=True))
+                group, items = [], 0
+            group.append(request)
+            items += n
+        if group:
+            loop.create_task(self._send(group, retry=True))
 
     async def _send(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any]]], retry: bool) -> None:
         from ray.exceptions import RayActorError
