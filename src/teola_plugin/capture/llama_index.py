@@ -205,45 +205,44 @@ class LlamaIndexTracer:
         return getattr(component, "runtime", None) is self.ctx.runtime
 
     # -- components -------------------------------------------------------------------------
-    def lower_query_engine(self, engine: Any) -> dict[str, Ref]:
-        rule, reason = _find(QUERY_ENGINE_RULES, engine, "query engine")
+    def _by_rule(self, registry: dict[type, Any], component: Any, what: str, *args: Any) -> tuple[Any, str]:
+        """The registered rule's lowering of ``component``, or ``(_DECLINED, why)`` when no
+        rule exists or the rule declined; the caller then runs the component as opaque."""
+        rule, reason = _find(registry, component, what)
         if rule is not None:
             try:
-                return rule(self, engine)
+                return rule(self, component, *args), ""
             except NotLowerable as exc:
                 reason = str(exc)
+        return _DECLINED, reason
+
+    def lower_query_engine(self, engine: Any) -> dict[str, Ref]:
+        lowered, reason = self._by_rule(QUERY_ENGINE_RULES, engine, "query engine")
+        if lowered is not _DECLINED:
+            return lowered
         response = self.opaque("query_engine", engine, lambda query: engine.query(query),
                                {"query": self.query}, reason)
         return {"response": response}
 
     def lower_retriever(self, retriever: Any) -> Ref:
-        rule, reason = _find(RETRIEVER_RULES, retriever, "retriever")
-        if rule is not None:
-            try:
-                return rule(self, retriever)
-            except NotLowerable as exc:
-                reason = str(exc)
+        lowered, reason = self._by_rule(RETRIEVER_RULES, retriever, "retriever")
+        if lowered is not _DECLINED:
+            return lowered
         return self.opaque("retrieve", retriever, lambda query: retriever.retrieve(query),
                            {"query": self.query}, reason)
 
     def lower_postprocessor(self, postprocessor: Any, nodes: Ref) -> Ref:
-        rule, reason = _find(POSTPROCESSOR_RULES, postprocessor, "node postprocessor")
-        if rule is not None:
-            try:
-                return rule(self, postprocessor, nodes)
-            except NotLowerable as exc:
-                reason = str(exc)
+        lowered, reason = self._by_rule(POSTPROCESSOR_RULES, postprocessor, "node postprocessor", nodes)
+        if lowered is not _DECLINED:
+            return lowered
         return self.opaque("postprocess", postprocessor,
                            lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
                            {"nodes": nodes, "query": self.query}, reason)
 
     def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
-        rule, reason = _find(SYNTHESIZER_RULES, synthesizer, "response synthesizer")
-        if rule is not None:
-            try:
-                return rule(self, synthesizer, nodes)
-            except NotLowerable as exc:
-                reason = str(exc)
+        lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
+        if lowered is not _DECLINED:
+            return lowered
         return self.opaque("synthesize", synthesizer,
                            lambda query, nodes: synthesizer.synthesize(query, nodes),
                            {"query": self.query, "nodes": nodes}, reason)
@@ -272,6 +271,9 @@ class LlamaIndexTracer:
         why = (f"{type(embed_model).__name__} is bound to another runtime" if isinstance(embed_model, EngineBackedEmbedding)
                else f"{type(embed_model).__name__} is not served by a Teola engine (use TeolaEmbedding)")
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
+
+
+_DECLINED = object()  # a rule's "no lowering" (a rule may itself return None)
 
 
 def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None, str]:
