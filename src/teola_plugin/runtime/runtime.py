@@ -137,20 +137,15 @@ class Runtime:
 
     def run_sync(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         """Run a coroutine on the runtime loop from synchronous code; cancels it on timeout."""
-        loop = self._ensure_loop()
+        self._ensure_loop()
         if threading.current_thread() is self._thread:
             raise RuntimeError("run_sync called from the runtime loop itself; await the coroutine instead")
         future = self.submit(coro)
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except (concurrent.futures.TimeoutError, KeyboardInterrupt):
             future.cancel()
             raise
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
-        finally:
-            del loop
 
     async def run_async(self, coro: Awaitable[T]) -> T:
         """Await a coroutine on the runtime loop from another event loop (cancellation forwarded)."""
