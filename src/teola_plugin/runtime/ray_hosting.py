@@ -23,6 +23,7 @@ log = logging.getLogger("teola_plugin")
 
 # Ops safe to run twice after an actor died mid-request: the reads. (A restarted vector
 # store has lost an in-memory index anyway, so a retried insert could not help.)
+RESTART_WAIT_S = 60.0  # how long a retry waits for Ray to restart a dead engine actor
 IDEMPOTENT_OPS = frozenset({"embed", "search", "rerank", "prefill", "generate"})
 
 
@@ -169,6 +170,13 @@ class RayHandle(EngineHandle):
             if again:
                 log.warning("engine %s died (%s); retrying %d idempotent request(s) once on the restarted actor",
                             self.name, exc, len(again))
+                try:
+                    await self._wait_until_alive()
+                except RayActorError as still_down:
+                    for *_, future in again:
+                        if not future.done():
+                            future.set_exception(still_down)
+                    return
                 await self._send(again, retry=False)
             return
         except BaseException as exc:
@@ -181,6 +189,21 @@ class RayHandle(EngineHandle):
         for (*_, future), (ok, value) in zip(batch, answers):
             if not future.done():
                 future.set_result(value) if ok else future.set_exception(value)
+
+    async def _wait_until_alive(self, timeout_s: float = RESTART_WAIT_S) -> None:
+        """Until Ray has restarted the actor: a call made while it restarts fails at once
+        (ActorUnavailableError), so the one retry would be spent on the restart window."""
+        from ray.exceptions import RayActorError
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                await self.actor.ping.remote()
+                return
+            except RayActorError:  # restarting, or gone for good: bounded by the deadline
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def call(self, method, *args, **kwargs):
         return await _remote(self.actor.call.remote(method, args, kwargs))
