@@ -14,8 +14,10 @@ demo: setup
 test: setup
 	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak" $(PYTEST_ARGS)
 
+# `make bench` is the quick end-to-end benchmark; `make bench BENCH_ARGS=` runs the full one.
+BENCH_ARGS ?= --quick
 bench: setup
-	@. scripts/runtime_env.sh && $(VENV)/bin/python scripts/bench_engines.py
+	@. scripts/runtime_env.sh && $(VENV)/bin/teola bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from teola_plugin.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +28,14 @@ def test_graph_writes_both_pictures_and_explains_the_passes(tmp_path):
     before = (tmp_path / "advanced_rag_before.mmd").read_text()
     assert "shard" in after and "shard" not in before
     assert (tmp_path / "advanced_rag_after.dot").read_text().startswith("digraph")
+    assert (tmp_path / "advanced_rag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_graph_with_an_unknown_pass_says_which_without_a_traceback(tmp_path):
+    proc = teola("graph", "naive_rag", "--disable", "no_such_pass", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "no_such_pass" in proc.stderr and "prune_dependencies" in proc.stderr  # names the valid ones
+    assert "Traceback" not in proc.stderr
 
 
 def test_graph_rejects_an_unknown_app():
@@ -36,6 +47,103 @@ def test_graph_rejects_an_unknown_app():
 def test_doctor_checks_every_part_without_the_llm():
     proc = teola("doctor", "--skip-llm")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for part in ("import vllm", "model directory", "ray", "chromadb", "import llama_index.core", "import langchain_core"):
+    for part in ("import vllm", "GPU and vLLM build", "engine environment", "model directory", "ray", "chromadb",
+                 "import llama_index.core", "import langchain_core"):
         assert f"ok    {part}" in proc.stdout
     assert "all good" in proc.stdout
+
+
+def commands(capsys) -> list[str]:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    return re.search(r"\{([a-z,-]+)\}", capsys.readouterr().out).group(1).split(",")
+
+
+def test_help_works_for_every_command(capsys):
+    names = commands(capsys)
+    assert {"demo", "graph", "doctor"} <= set(names)
+    for name in names:
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        out = capsys.readouterr().out
+        assert done.value.code == 0 and out.startswith(f"usage: teola {name}"), name
+        assert "--verbose" in out, f"teola {name} lacks -v/--verbose"
+
+
+LOG_PROBE = """
+import logging, sys
+import teola_plugin
+from teola_plugin.cli import _configure_logging
+if sys.argv[1] != "library":
+    _configure_logging(int(sys.argv[1]))
+log = logging.getLogger("teola_plugin.probe")
+log.warning("probe-warning"); log.info("probe-info"); log.debug("probe-debug")
+"""
+
+
+@pytest.mark.parametrize("mode, shown", [
+    ("library", []),  # imported as a library: no output unless the application configures logging
+    ("0", ["probe-warning"]),
+    ("1", ["probe-warning", "probe-info"]),
+    ("2", ["probe-warning", "probe-info", "probe-debug"]),
+])
+def test_logging_is_silent_in_the_library_and_verbose_in_the_cli(mode, shown):
+    proc = subprocess.run([sys.executable, "-c", LOG_PROBE, mode], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr
+    found = [word for word in ("probe-warning", "probe-info", "probe-debug") if word in proc.stderr]
+    assert found == shown
+
+
+def test_verbose_flag_is_accepted_before_and_after_the_command(tmp_path):
+    proc = teola("-v", "graph", "naive_rag", "-v", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "naive_rag.png").exists()
+
+
+@pytest.mark.slow
+def test_doctor_reports_a_bad_model_directory_with_its_fix(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TEOLA_MODEL_DIR": str(tmp_path)}  # empty: no model
+    proc = subprocess.run([sys.executable, "-m", "teola_plugin.cli", "doctor", "--skip-llm"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    assert "FAIL  model directory" in proc.stdout and "fix: set TEOLA_MODEL_DIR" in proc.stdout
+    assert "1 problem(s) found" in proc.stdout
+
+
+def test_bench_report_only_regenerates_the_page_from_results_json(tmp_path):
+    import json
+
+    run = lambda system, s: {"system": system, "query": "q1", "latency_s": s, "answer": "x"}  # noqa: E731
+    stats = lambda s: {"mean_s": s, "p50_s": s, "p99_s": s, "n": 1, "fidelity": 1.0, "em": 0.0, "f1": 0.5}  # noqa: E731
+    results = {"machine": "test machine", "command": "teola bench --quick", "mode": "quick", "config": {},
+               "apps": {"search_gen": {"title": "3 Search", "framework": "langchain", "workload": "w",
+                                       "systems": {"plain-sequential": stats(4.0), "teola-full": stats(2.0)},
+                                       "runs": [run("plain-sequential", 4.0), run("teola-full", 2.0)],
+                                       "bound_mean_s": 1.6, "teola_over_bound": 1.25, "ideal_speedup": 2.5,
+                                       "achieved_speedup": 2.0, "share_of_ideal": 0.667, "errors": []}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    page = tmp_path / "bench.md"
+    proc = teola("bench", "--report-only", "--out", str(tmp_path), "--page", str(page))
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert "teola bench --quick" in text and "test machine" in text
+    assert "| teola-full | 1 | 2.00 |" in text and "2.00x" in text
+    assert "achieved 67% of the ideal gain" in text and "MISSED" in text  # 67% < 80%: said, with the number
+    assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_rejects_an_unknown_app():
+    proc = teola("bench", "--apps", "no_such_app", "--out", "/nonexistent")
+    assert proc.returncode == 2 and "no_such_app" in proc.stderr
+
+
+@pytest.mark.slow
+def test_demo_answers_with_plain_llama_index_and_teola_and_writes_pictures(tmp_path):
+    proc = teola("demo", "--questions", "1", "--docs", "20", "--max-tokens", "16", "--out", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "plain LlamaIndex" in proc.stdout and "teola" in proc.stdout and "x over 1 questions" in proc.stdout
+    for name in ("graph.png", "graph_module_order.mmd", "graph_teola.mmd", "explain.txt", "timeline.png",
+                 "timeline.json"):
+        assert (tmp_path / name).stat().st_size > 0, name

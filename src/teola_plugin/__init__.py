@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+# The library logs to the "teola_plugin" logger and never configures logging itself: an
+# application (or `teola -v`) decides where messages go; without one they are dropped.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Framework integrations load on first use: `import teola_plugin` stays light (no LlamaIndex).
 _LAZY = {

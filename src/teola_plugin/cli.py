@@ -1,4 +1,4 @@
-"""The `teola` command: demo, graph, doctor, bench-engines."""
+"""The `teola` command: demo, bench, graph, doctor."""
 
 from __future__ import annotations
 
@@ -14,10 +14,50 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+    import shlex
+    from pathlib import Path
+
+    from .bench import report
+
+    out, page = Path(args.out), Path(args.page)
+    if args.report_only:
+        results = json.loads((out / "results.json").read_text())
+    else:
+        from .bench.apps import APPS
+        from .bench.runner import Bench, BenchConfig, quick_config
+
+        overrides: dict = {"command": "teola " + shlex.join(args.argv)}
+        if args.apps:
+            unknown = sorted(set(args.apps) - set(APPS))
+            if unknown:
+                print(f"teola bench: unknown apps {unknown}; choose from {sorted(APPS)}", file=sys.stderr)
+                return 2
+            overrides["apps"] = args.apps
+        for key in ("questions", "poisson_queries", "max_tokens", "seed"):
+            if getattr(args, key) is not None:
+                overrides[key] = getattr(args, key)
+        if args.systems:
+            overrides["systems"] = args.systems
+        if args.no_ablations:
+            overrides["ablations"] = False
+        if args.no_poisson:
+            overrides["poisson_apps"] = []
+        if args.no_bound:
+            overrides["bound"] = False
+        config = quick_config(**overrides) if args.quick else BenchConfig(**overrides)
+        results = Bench(config).run()
+    written = report.generate(results, out, page)
+    print("wrote " + ", ".join(str(p) for p in written.values()))
+    return 0
+
+
 def _graph(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .ir import app_graphs
+    from .ir.picture import to_png
     from .optimizer import CostModel, optimize
 
     build = app_graphs.APPS[args.app]
@@ -30,9 +70,10 @@ def _graph(args: argparse.Namespace) -> int:
     (out / f"{args.app}_after.mmd").write_text(after.to_mermaid())
     (out / f"{args.app}_before.dot").write_text(before.to_dot())
     (out / f"{args.app}_after.dot").write_text(after.to_dot())
+    png = to_png({f"{args.app}: module order": before, f"{args.app}: optimized": after}, out / f"{args.app}.png")
     print(after.explain())
     print(f"\ncritical path: {before.critical_path(cost)[0]:.3f} s before, {after.critical_path(cost)[0]:.3f} s after"
-          f" (default cost model)\nwrote {out}/{args.app}_{{before,after}}.{{mmd,dot}}")
+          f" (default cost model)\nwrote {out}/{args.app}_{{before,after}}.{{mmd,dot}} and {png}")
     return 0
 
 
@@ -42,32 +83,77 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if run_checks(start_llm=not args.skip_llm) else 1
 
 
+def _configure_logging(verbose: int) -> None:
+    """The library only logs (to "teola_plugin"); the command decides where it goes:
+    warnings by default, -v info (engines starting, opaque components), -vv debug."""
+    import logging
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.getLogger("teola_plugin").setLevel(level)
+
+
+def _verbose_flag(parser: argparse.ArgumentParser, default: object = 0) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=default,
+                        help="log what the library does (-v info, -vv debug)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="teola", description="Teola: primitive-level scheduling for LLM apps.")
+    _verbose_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="document QA on the real engines: module order vs Teola, side by side")
-    p.add_argument("--questions", type=int, default=4, help="HotpotQA questions to answer (default 4)")
+    p = sub.add_parser("demo", help="document QA with plain LlamaIndex and with Teola, side by side")
+    p.add_argument("--questions", type=int, default=3, help="HotpotQA questions to answer (default 3)")
     p.add_argument("--docs", type=int, default=60, help="documents uploaded with each question (default 60)")
     p.add_argument("--max-tokens", type=int, default=48, help="answer length limit (default 48)")
     p.add_argument("--out", default="out/demo", help="where pictures and traces go (default out/demo)")
     p.add_argument("--hosting", choices=["ray", "local"], default="ray", help="engines in Ray actors or in-process")
     p.set_defaults(fn=_demo)
 
+    p = sub.add_parser("bench", help="end-to-end benchmark: the paper's apps, plain frameworks vs Teola")
+    p.add_argument("--quick", action="store_true", help="1 question per app, no ablations, one short Poisson sweep (~10 min on 2 cores)")
+    p.add_argument("--apps", nargs="+", help="apps to run (default: all six)")
+    p.add_argument("--questions", type=int, help="measured questions per app (default 50; quick 1)")
+    p.add_argument("--systems", nargs="+", help="systems to run (default: all)")
+    p.add_argument("--no-ablations", action="store_true", help="skip the teola-no-<pass> systems")
+    p.add_argument("--no-poisson", action="store_true", help="skip the open-loop load runs")
+    p.add_argument("--no-bound", action="store_true", help="skip the isolated runs that measure the bound")
+    p.add_argument("--poisson-queries", type=int, help="arrivals per rate and system")
+    p.add_argument("--max-tokens", type=int, help="answer length limit (default 32)")
+    p.add_argument("--seed", type=int, help="question sampling and arrival seed (default 0)")
+    p.add_argument("--out", default="docs/benchmarks", help="results.json and PNGs (default docs/benchmarks)")
+    p.add_argument("--page", default="docs/benchmarks.md", help="the generated page (default docs/benchmarks.md)")
+    p.add_argument("--report-only", action="store_true", help="regenerate the page and plots from results.json")
+    p.set_defaults(fn=_bench)
+
     from .ir.app_graphs import APPS
 
-    p = sub.add_parser("graph", help="the primitive graph of an app before and after optimization")
-    p.add_argument("app", choices=sorted(APPS))
-    p.add_argument("--disable", action="append", help="a pass to switch off (repeatable)")
-    p.add_argument("--out", default="out/graphs")
+    p = sub.add_parser("graph", help="the primitive graph of an app before and after optimization",
+                       description="Writes the primitive graph of one of the paper's apps before and after "
+                                   "optimization (Mermaid, DOT and a PNG picture) and prints what each pass changed.")
+    p.add_argument("app", choices=sorted(APPS), help="which app")
+    p.add_argument("--disable", action="append", metavar="PASS", help="a pass to switch off (repeatable)")
+    p.add_argument("--out", default="out/graphs", help="where the pictures go (default out/graphs)")
     p.set_defaults(fn=_graph)
 
-    p = sub.add_parser("doctor", help="check vLLM, the model, Ray and chromadb; say how to fix what is wrong")
+    p = sub.add_parser("doctor", help="check vLLM, the model, Ray and chromadb; say how to fix what is wrong",
+                       description="Checks each part the engines need and prints the fix for what fails "
+                                   "(docs/troubleshooting.md has more). Exit status 1 if anything failed.")
     p.add_argument("--skip-llm", action="store_true", help="do not start vLLM (faster)")
     p.set_defaults(fn=_doctor)
 
+    for command in sub.choices.values():  # `teola graph -v ...` works as well as `teola -v graph ...`
+        _verbose_flag(command, default=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return int(args.fn(args))
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    _configure_logging(args.verbose)
+    from .errors import TeolaError
+
+    try:
+        return int(args.fn(args))
+    except TeolaError as exc:  # a setting or input the user can fix: say what, no traceback
+        parser.exit(2, f"teola {args.command}: error: {exc}\n")
 
 
 if __name__ == "__main__":

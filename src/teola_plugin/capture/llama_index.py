@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -30,6 +32,8 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+
+logger = logging.getLogger(__name__)  # a child of "teola_plugin"
 
 # -- calls back into the framework ------------------------------------------------------------
 _PASSTHROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_passthrough", default=False)
@@ -70,7 +74,7 @@ class EngineBackedLLM(Protocol):
     max_tokens: int
     output_parser: Any
 
-    def engine_prompt(self, template: Any, **prompt_args: Any) -> Any: ...
+    def engine_prompt(self, template: Any, /, **prompt_args: Any) -> Any: ...
     def sampling_params(self, **overrides: Any) -> dict[str, Any]: ...
     def parse_output(self, text: str) -> str: ...
 
@@ -186,6 +190,7 @@ class LlamaIndexTracer:
         """A component left as it is: one impure primitive calling its own method."""
         ref = self.cpu_step(name, fn, inputs, type(component).__name__, pure=False, opaque_reason=reason)
         self.note(ref.node, component, "opaque", reason)
+        warn_opaque_once(component, reason)
         return ref
 
     def note(self, node: str, component: Any, kind: str, reason: str) -> None:
@@ -252,8 +257,11 @@ class LlamaIndexTracer:
         the caller's embedding if given, else the mean of the embedding strings' embeddings."""
         from llama_index.core.base.embeddings.base import mean_agg
 
-        if isinstance(embed_model, EngineBackedEmbedding) and self.on_runtime(embed_model):
-            embed = self.add(Op.EMBED, inputs={"texts": self.embedding_strs()}, engine=embed_model.engine_name,
+        from .llama_index_models import embedder_engine_for
+
+        engine, why = embedder_engine_for(self.ctx.runtime, embed_model)
+        if engine is not None:
+            embed = self.add(Op.EMBED, inputs={"texts": self.embedding_strs()}, engine=engine,
                              attrs={"est_items": 1}, origin=type(embed_model).__name__)
 
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
@@ -268,12 +276,23 @@ class LlamaIndexTracer:
                 return [query.embedding]
             return [embed_model.get_agg_embedding_from_queries(query.embedding_strs)]
 
-        why = (f"{type(embed_model).__name__} is bound to another runtime" if isinstance(embed_model, EngineBackedEmbedding)
-               else f"{type(embed_model).__name__} is not served by a Teola engine (use TeolaEmbedding)")
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
 
 
 _DECLINED = object()  # a rule's "no lowering" (a rule may itself return None)
+_WARNED: set[type] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_opaque_once(component: Any, reason: str) -> None:
+    """One WARNING per component type that stays opaque (traces repeat on every query)."""
+    kind = type(component)
+    with _WARNED_LOCK:
+        if kind in _WARNED:
+            return
+        _WARNED.add(kind)
+    logger.warning("TeolaExecutor runs %s.%s unchanged as one opaque step (not optimized): %s",
+                   kind.__module__, kind.__qualname__, reason)
 
 
 def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None, str]:
@@ -307,4 +326,9 @@ def trace(target: Any, ctx: TraceContext) -> TracedApp:
 
 
 def _register_builtin_rules() -> None:
-    from . import llama_index_rules  # noqa: F401  (registers on import)
+    from . import (  # noqa: F401  (register on import)
+        llama_index_fusion,
+        llama_index_models,
+        llama_index_postprocessors,
+        llama_index_rules,
+    )

@@ -8,7 +8,8 @@
   step.
 * Node postprocessors that are plain functions of (nodes, query): the framework's own
   ``postprocess_nodes`` as a pure CPU step.
-* ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` with a TeolaLLM: a run-time
+* ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` / ``TreeSummarize`` /
+  ``Accumulate`` with a TeolaLLM: a run-time
   expansion into LLM-call chains (``llama_index_synthesis``). A streaming synthesizer runs
   after the graph (which then outputs the nodes), so the response can stream.
 """
@@ -25,7 +26,13 @@ from llama_index.core.postprocessor import (
     SimilarityPostprocessor,
 )
 from llama_index.core.query_engine.retriever_query_engine import RetrieverQueryEngine
-from llama_index.core.response_synthesizers import CompactAndRefine, Refine, SimpleSummarize
+from llama_index.core.response_synthesizers import (
+    Accumulate,
+    CompactAndRefine,
+    Refine,
+    SimpleSummarize,
+    TreeSummarize,
+)
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
 from ..engines.llama_index_store import FrameworkVectorStoreEngine
@@ -59,23 +66,34 @@ def lower_retriever_query_engine(tr: LlamaIndexTracer, engine: RetrieverQueryEng
     return {"nodes": nodes} if response is None else {"response": response, "nodes": nodes}
 
 
-@lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)
-def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> Ref:
+def check_vector_retriever(retriever: VectorIndexRetriever) -> None:
+    """Raise NotLowerable unless searching ``retriever``'s store by vector reproduces it."""
     store = retriever._vector_store
     if type(store).__name__ not in EMBEDDING_ONLY_STORES:
         raise NotLowerable(f"vector store {type(store).__name__} is not known to search by embedding alone")
     if retriever._vector_store_query_mode != VectorStoreQueryMode.DEFAULT or not retriever._needs_embedding():
         raise NotLowerable(f"query mode {retriever._vector_store_query_mode.value!r} is not lowered")
-    origin = type(retriever).__name__
-    vectors = tr.lower_query_vector(retriever._embed_model, origin)
 
+
+def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[Ref, str]:
+    """The graph input naming ``retriever``'s store (searched in place) and its engine's name."""
+    store = retriever._vector_store
     engine = tr.ctx.store_engines.get(id(store))
     if engine is None:
         engine = tr.ctx.store_engines[id(store)] = FrameworkVectorStoreEngine(
             store, name=f"llama_index-{type(store).__name__}-{id(store):x}")
     tr.traced.local_engines[engine.name] = engine
     index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
-    search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine.name,
+    return index, engine.name
+
+
+@lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)
+def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> Ref:
+    check_vector_retriever(retriever)
+    origin = type(retriever).__name__
+    vectors = tr.lower_query_vector(retriever._embed_model, origin)
+    index, engine = store_index(tr, retriever)
+    search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine,
                     attrs={"top_k": retriever.similarity_top_k, "est_items": 1}, origin=origin)
 
     def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
@@ -94,7 +112,7 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
                        {"nodes": nodes, "query": tr.query}, type(postprocessor).__name__)
 
 
-@lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize)
+@lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
     llm = synthesizer._llm
     if not isinstance(llm, EngineBackedLLM) or isinstance(llm, StructuredLLM):
@@ -106,6 +124,8 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
                        (getattr(synthesizer, "_structured_answer_filtering", False), "structured_answer_filtering")):
         if flag:
             raise NotLowerable(f"{what} synthesis is not lowered yet")
+    if isinstance(synthesizer, Accumulate) and synthesizer._streaming:
+        raise NotLowerable("Accumulate cannot stream (LlamaIndex raises ValueError; its own code runs)")
     planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes
         tr.traced.streaming_synthesis = planner

@@ -10,6 +10,12 @@ LlamaIndex sends. Packing text into prompts uses the synthesizer's prompt helper
 
 Refine (and compact, which is refine over packed chunks) is sequential: each prompt holds
 the previous answer, so each step expands into its call plus a step that expands the next.
+Tree summarize packs the texts (``repack``, as ``TreeSummarize.get_response``); one packed
+chunk is the final call, several are independent calls (one graph level, so their prefills
+can share an engine batch) followed by a step that expands the next level over their
+summaries. Accumulate's calls (one per repacked chunk of each node) are all independent;
+its own ``_format_response`` joins them. LlamaIndex's ``use_async`` only changes how it
+awaits these calls, never which calls or their results, so both settings plan the same.
 Streaming synthesizers stream the final call's tokens (graph output ``stream``); the
 executor then builds the ``StreamingResponse`` itself.
 """
@@ -22,7 +28,9 @@ from typing import Any
 
 from llama_index.core.base.response.schema import Response
 from llama_index.core.prompts.prompt_utils import get_biggest_prompt
-from llama_index.core.response_synthesizers import CompactAndRefine, SimpleSummarize
+import inspect
+
+from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, SimpleSummarize, TreeSummarize
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ..ir.graph import PGraph
@@ -47,6 +55,12 @@ class SynthesisPlanner:
     def describe(self) -> str:
         if isinstance(self.synthesizer, SimpleSummarize):
             return "expands at run time into one prompt -> llm_prefill -> llm_decode chain"
+        if isinstance(self.synthesizer, TreeSummarize):
+            return ("expands at run time into one level of independent prompt -> llm_prefill -> llm_decode "
+                    "chains per packed chunk, then the next level over their summaries, up to one final call")
+        if isinstance(self.synthesizer, Accumulate):
+            return ("expands at run time into independent prompt -> llm_prefill -> llm_decode chains, "
+                    "one per repacked chunk of each node, joined by Accumulate's own formatting")
         return ("expands at run time into one prompt -> llm_prefill -> llm_decode chain per packed chunk, "
                 "in sequence (each refine prompt holds the previous answer)")
 
@@ -67,6 +81,10 @@ class SynthesisPlanner:
         graph = PGraph(f"{type(synth).__name__}")
         if isinstance(synth, SimpleSummarize):
             answer = self._simple_summarize(graph, query.query_str, texts)
+        elif isinstance(synth, TreeSummarize):
+            answer = TreeLevels(self, query.query_str).build(graph, texts)
+        elif isinstance(synth, Accumulate):
+            answer = self._accumulate(graph, query.query_str, texts)
         else:
             chunks = synth._make_compact_text_chunks(query.query_str, texts) if isinstance(synth, CompactAndRefine) else texts
             answer = RefineLoop(self, query.query_str, chunks).build(graph, None)
@@ -79,24 +97,8 @@ class SynthesisPlanner:
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph)
 
-    # -- one LLM call, as LLM.predict makes it ----------------------------------------------
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
-        """prompt -> llm_prefill -> llm_decode; returns the parsed answer text."""
-        llm = self.llm
-        prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
-                           attrs={"fn": framework_call(lambda: llm.engine_prompt(template, **prompt_args)),
-                                  "pure": True})
-        size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
-        prefill = graph.add(Op.LLM_PREFILL, inputs={"prompt": prompt.out()}, engine=llm.engine_name, origin=origin,
-                            attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
-                                   "est_prompt_tokens": size // CHARS_PER_TOKEN})
-        decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
-                           attrs={"max_tokens": llm.max_tokens})
-        if llm.output_parser is None:
-            return decode.out("text")
-        parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": decode.out("text")},
-                          origin=origin, attrs={"fn": framework_call(llm.parse_output), "pure": True})
-        return parse.out()
+        return llm_call(graph, self.llm, template, prompt_args, origin)
 
     def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
         synth = self.synthesizer
@@ -106,6 +108,53 @@ class SynthesisPlanner:
         if self.streaming:
             graph.output("stream", text)
         return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
+
+
+    def _accumulate(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
+        """``Accumulate.get_response``: every call independent, joined by its own code."""
+        synth = self.synthesizer
+        origin = type(synth).__name__
+        template = synth._text_qa_template.partial_format(query_str=query_str)
+        answers = [self.llm_call(graph, template, synth._make_prompt_kwargs(packed), origin)
+                   for chunk in texts
+                   for packed in synth._prompt_helper.repack(template, [chunk], llm=self.llm)]
+        separator = inspect.signature(type(synth).get_response).parameters["separator"].default
+        return cpu_step(graph, "answer",
+                        lambda **out: synth._format_response([out[f"a{i}"] for i in range(len(answers))], separator),
+                        {f"a{i}": a for i, a in enumerate(answers)}, origin)
+
+
+class TreeLevels:
+    """``TreeSummarize.get_response`` one level at a time: repack, then either the final
+    call or independent calls whose summaries the next level (built once they are
+    decoded) summarizes."""
+
+    def __init__(self, planner: SynthesisPlanner, query_str: str) -> None:
+        synth = planner.synthesizer
+        self.planner = planner
+        self.template = synth._summary_template.partial_format(query_str=query_str)
+        self.helper = synth._prompt_helper
+        self.origin = type(synth).__name__
+
+    def build(self, graph: PGraph, texts: list[str]) -> Ref:
+        chunks = self.helper.repack(self.template, text_chunks=texts, llm=self.planner.llm)
+        if len(chunks) == 1:  # the final answer, returned as predict() returns it
+            text = self.planner.llm_call(graph, self.template, {"context_str": chunks[0]}, self.origin)
+            if self.planner.streaming:
+                graph.output("stream", text)
+            return text
+        summaries = [self.planner.llm_call(graph, self.template, {"context_str": c}, self.origin) for c in chunks]
+        level = cpu_step(graph, "summarize_next",
+                         lambda **out: self.expand([out[f"s{i}"] for i in range(len(summaries))]),
+                         {f"s{i}": s for i, s in enumerate(summaries)}, self.origin)
+        if self.planner.streaming:  # the final call sits in a later level: stream through it
+            graph.output("stream", level)
+        return level
+
+    def expand(self, summaries: list[str]) -> Expansion:
+        graph = PGraph(f"{self.origin}_level")
+        graph.output("out", self.build(graph, summaries))
+        return Expansion(self.planner.prepare(graph), {})
 
 
 class RefineLoop:
@@ -157,6 +206,25 @@ class RefineLoop:
         graph = PGraph(f"{self.origin}_step")
         graph.output("out", self.build(graph, response))
         return Expansion(self.planner.prepare(graph), {})
+
+
+def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
+    """One ``llm.predict(template, **prompt_args)`` as prompt -> llm_prefill -> llm_decode
+    (-> the output parser); returns the answer text ``predict`` returns."""
+    prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
+                       attrs={"fn": framework_call(lambda: llm.engine_prompt(template, **prompt_args)),
+                              "pure": True})
+    size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
+    prefill = graph.add(Op.LLM_PREFILL, inputs={"prompt": prompt.out()}, engine=llm.engine_name, origin=origin,
+                        attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
+                               "est_prompt_tokens": size // CHARS_PER_TOKEN})
+    decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
+                       attrs={"max_tokens": llm.max_tokens})
+    if llm.output_parser is None:
+        return decode.out("text")
+    parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": decode.out("text")},
+                      origin=origin, attrs={"fn": framework_call(llm.parse_output), "pure": True})
+    return parse.out()
 
 
 def final_answer(response: str | None) -> str:

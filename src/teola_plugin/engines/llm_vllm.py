@@ -260,6 +260,11 @@ class VLLMEngine(Engine):
         self._require_started()
         await self._llm.abort(request_id)
 
+    def unfinished_requests(self) -> int:
+        """Requests vLLM is still working on (0 when idle: nothing generates for nobody)."""
+        self._require_started()
+        return self._llm.get_num_unfinished_requests()
+
     # -- batched entry points (vLLM batches continuously; concurrent submission is the batch)
     async def batch_generate(self, requests: list[dict[str, Any]]) -> list[Generation]:
         return list(await asyncio.gather(*(self.generate(**r) for r in requests)))

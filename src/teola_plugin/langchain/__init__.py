@@ -8,7 +8,9 @@
 
 from .embeddings import TeolaEmbeddings
 from .models import TeolaChatModel, TeolaLLM
+from .reranker import TeolaReranker
 from .runnable import TeolaRunnable
 from .vector_store import FrameworkVectorStoreEngine
 
-__all__ = ["FrameworkVectorStoreEngine", "TeolaChatModel", "TeolaEmbeddings", "TeolaLLM", "TeolaRunnable"]
+__all__ = ["FrameworkVectorStoreEngine", "TeolaChatModel", "TeolaEmbeddings", "TeolaLLM", "TeolaReranker",
+           "TeolaRunnable"]

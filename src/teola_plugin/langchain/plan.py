@@ -1,16 +1,21 @@
 """An execution plan: one optimized trace of a chain, bound to a runtime and ready to run.
 
 ``TeolaRunnable`` keeps one plan per input layout (see ``InputLayout``): tracing and
-optimizing happen once, every later call only executes.
+optimizing happen once, every later call only executes. ``SubPlans`` does the same at
+run time for the sub-chains of ``RunnableEach`` / ``RunnableBranch`` (the tracer's
+``SubPlanner``): one plan per (sub-chain, input layout), its stores served before it runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..capture.langchain import LangChainTrace
+from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
@@ -34,14 +39,14 @@ class ExecutionPlan:
             feed[name] = IndexHandle(engine)
         return feed
 
-    async def _serve_stores(self, runtime: Runtime) -> None:
+    async def serve_stores(self, runtime: Runtime) -> None:
         for engine, store in self.trace.stores.values():
             await runtime.add_local_engine(engine, FrameworkVectorStoreEngine(store, name=engine))
 
     async def execute(self, runtime: Runtime, input: Any, *, timeout_s: float | None = None,
                       on_token: Callable[[str], None] | None = None) -> Any:
         """Run one call on the runtime loop; ``on_token`` receives the output's text deltas."""
-        await self._serve_stores(runtime)
+        await self.serve_stores(runtime)
         tokens = self.trace.output.tokens_from
         out = await runtime.execute(
             self.graph, self.graph_inputs(input), timeout_s=timeout_s,
@@ -57,3 +62,40 @@ class ExecutionPlan:
         else:
             lines.append("Opaque components: none (every component was lowered to primitives)")
         return "\n".join(lines) + "\n"
+
+
+class SubPlans:
+    """Plans for sub-chains met at run time, on one runtime, with the parent's optimizer settings."""
+
+    MAX_PLANS = 128
+
+    def __init__(self, runtime: Runtime, engine_models: Mapping[str, str], passes: Sequence[str] | None = None,
+                 disabled: Iterable[str] = ()) -> None:
+        self.runtime = runtime
+        self.engine_models = dict(engine_models)
+        self.passes, self.disabled = passes, tuple(disabled)
+        self._plans: OrderedDict[tuple[int, InputLayout], tuple[Any, ExecutionPlan]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def plan(self, runnable: Any, layout: InputLayout) -> ExecutionPlan:
+        key = (id(runnable), layout)
+        with self._lock:
+            known = self._plans.get(key)
+            if known is not None:
+                return known[1]
+        trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
+        plan = ExecutionPlan.build(trace, self.passes, self.disabled)
+        with self._lock:
+            self._plans[key] = (runnable, plan)  # the runnable is kept alive with its id
+            while len(self._plans) > self.MAX_PLANS:
+                self._plans.popitem(last=False)
+        return plan
+
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
+        """Called by an expanding primitive on the runtime loop; tracing runs off the loop."""
+        layout = InputLayout.of(input)
+        with self._lock:
+            known = self._plans.get((id(runnable), layout))
+        plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
+        await plan.serve_stores(self.runtime)
+        return plan.graph, plan.graph_inputs(input)

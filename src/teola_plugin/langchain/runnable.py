@@ -26,11 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
 from ..ir.graph import PGraph
+from ..errors import ConfigError
 from ..optimizer import PassManager
+from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from .bridge import stream_async, stream_sync
 from .graph_view import to_langchain_graph
-from .plan import ExecutionPlan
+from .plan import ExecutionPlan, SubPlans
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)
 
@@ -48,6 +50,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     _plans: OrderedDict[InputLayout, ExecutionPlan] = PrivateAttr(default_factory=OrderedDict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _sub_plans: SubPlans | None = PrivateAttr(default=None)
 
     def __init__(self, chain: Any, *, runtime: Runtime | None = None, passes: Sequence[str] | None = None,
                  disabled: Sequence[str] = (), **kwargs: Any) -> None:
@@ -55,6 +58,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             raise TypeError(f"TeolaRunnable wraps a LangChain Runnable; got {type(chain).__name__}. "
                             "Wrap functions in RunnableLambda and dicts in RunnableParallel first.")
         PassManager(passes, disabled)  # a misspelt pass name fails here, not at the first call
+        if runtime is not None and not isinstance(runtime, Runtime):
+            raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
+        check_timeout(kwargs.get("timeout_s"))
         super().__init__(chain=chain, runtime=runtime, passes=None if passes is None else list(passes),
                          disabled=list(disabled), **kwargs)
 
@@ -71,11 +77,20 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         with self._lock:
             plan = self._plans.get(layout)
             if plan is None:
-                plan = ExecutionPlan.build(trace_runnable(self.chain, layout), self.passes, self.disabled)
+                sub = self._sub_planner()
+                trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
+                plan = ExecutionPlan.build(trace, self.passes, self.disabled)
                 self._plans[layout] = plan
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)
             return plan
+
+    def _sub_planner(self) -> SubPlans:
+        """Plans for what ``RunnableEach`` / ``RunnableBranch`` decide at run time (called under the lock)."""
+        if self._sub_plans is None:
+            runtime = self.teola_runtime()
+            self._sub_plans = SubPlans(runtime, llm_engine_models(runtime), self.passes, self.disabled)
+        return self._sub_plans
 
     def _example_layout(self) -> InputLayout:
         """The input layout the chain's input schema describes (for trace / explain / graphs)."""
@@ -191,6 +206,14 @@ def _chunker(plan: ExecutionPlan) -> Any:
     if plan.trace.output.streams == "message":
         return lambda text: AIMessageChunk(content=text)
     return lambda text: text
+
+
+def llm_engine_models(runtime: Runtime) -> dict[str, str]:
+    """The model each LLM engine of ``runtime`` serves (so LangChain's ``VLLM`` can be mapped)."""
+    from ..config import default_model_dir
+
+    return {name: str(spec.kwargs.get("model") or default_model_dir())
+            for name, spec in runtime.specs.items() if spec.kind == "llm"}
 
 
 def _runtime_in(root: Any) -> Runtime | None:

@@ -94,11 +94,16 @@ class TeolaLLM(CustomLLM):
         params.update((k, v) for k, v in overrides.items() if k in SAMPLING_KEYS)
         return params
 
-    def engine_prompt(self, template: BasePromptTemplate, **prompt_args: Any) -> EnginePrompt:
-        """Exactly what ``self.predict(template, **prompt_args)`` sends to the engine."""
+    def engine_prompt(self, template: BasePromptTemplate, /, **prompt_args: Any) -> EnginePrompt:
+        """Exactly what ``self.predict(template, **prompt_args)`` sends to the engine.
+        (Positional-only: Accumulate passes a prompt argument named ``template``.)"""
         if self.metadata.is_chat_model:
             return messages_for_engine(self._get_messages(template, **prompt_args))
         return self._get_prompt(template, **prompt_args)  # predict() completes it formatted=True
+
+    def completion_prompt(self, prompt: str) -> str:
+        """Exactly what ``self.complete(prompt)`` sends to the engine."""
+        return self._completion_prompt(prompt, formatted=False)
 
     def parse_output(self, text: str) -> str:
         """What ``predict`` returns for the engine's ``text`` (the output parser, if any)."""

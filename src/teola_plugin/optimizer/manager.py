@@ -20,8 +20,12 @@ def available_passes() -> dict[str, str]:
 
 
 def _resolve(names: Iterable[str], what: str) -> list[str]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ConfigError(f"{what} must be a list of optimizer pass names, got {type(names).__name__} {names!r:.60}")
     resolved = []
     for name in names:
+        if not isinstance(name, str):
+            raise ConfigError(f"{what} must hold pass names (str), got {type(name).__name__} {name!r:.60}")
         canonical = ALIASES.get(name, name)
         if canonical not in PASSES:
             valid = ", ".join(list(DEFAULT_ORDER) + sorted(ALIASES))

@@ -73,7 +73,7 @@ class EngineScheduler:
         try:
             return await future
         except asyncio.CancelledError:
-            future.cancel()  # the dispatcher skips cancelled requests
+            self._forget(future)
             raise
 
     async def admit(self, priority: Priority) -> Callable[[], None]:
@@ -82,9 +82,19 @@ class EngineScheduler:
         try:
             release, _info = await future
         except asyncio.CancelledError:
-            future.cancel()
+            if future.done() and not future.cancelled():
+                future.result()[0]()  # admitted just as we were cancelled: give the slot back
+            else:
+                self._forget(future)
             raise
         return release
+
+    def _forget(self, future: asyncio.Future[Any]) -> None:
+        """A cancelled request: its queue entry goes at the dispatcher's next turn (woken
+        now, so an idle engine does not keep it), and a batch already running skips it."""
+        future.cancel()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _enqueue(self, op: str, payload: Any, priority: Priority) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -100,6 +110,16 @@ class EngineScheduler:
     @property
     def queued(self) -> int:
         return sum(1 for q in self._queues.values() for r in q if not r.future.done())
+
+    @property
+    def queue_entries(self) -> int:
+        """Entries held in the queues, cancelled ones not yet dropped included."""
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def running(self) -> int:
+        """Engine slots taken: batches running and streams admitted."""
+        return self._running
 
     # -- dispatch ------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:

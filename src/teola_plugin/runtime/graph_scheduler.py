@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import QueryTimeoutError
+from ..errors import ConfigError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import INPUT, Primitive, Ref
 from ..ir.semantics import shard_slice
@@ -39,6 +39,15 @@ from .timeline import Span, Timeline
 from .values import LLMState
 
 CostFn = Callable[[Primitive], float]
+
+
+def check_timeout(timeout_s: Any) -> float | None:
+    """A query timeout: a positive, finite number of seconds, or None for none."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    return float(timeout_s)
 
 
 def remaining_path(graph: PGraph, cost: CostFn) -> dict[str, float]:
@@ -113,7 +122,7 @@ class GraphRun:
         self.timeline = timeline
         self.handlers = handlers or PrimitiveHandlers()
         self.query_id = query_id or uuid.uuid4().hex[:12]
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s)
         self.on_token = on_token
         self.token_nodes = token_nodes
         self.arrival = arrival if arrival is not None else time.time()
@@ -289,7 +298,8 @@ class GraphRun:
             prim = self.graph[name]
             for port in prim.outputs:
                 ref = Ref(name, port)
-                if port in prim.spec.split_outputs:
+                # An opaque region node (a lowered `.map()`) lists its per-item ports in attrs.
+                if port in prim.spec.split_outputs or port in prim.attrs.get("item_outputs", ()):
                     value: Any = [x for local in results for x in (local[ref] or [])]
                 else:  # shard-invariant outputs (handles) are the same from every item
                     value = results[0][ref] if results else None

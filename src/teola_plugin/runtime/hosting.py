@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import logging
+import os
 import time
 import zlib
 from collections.abc import AsyncIterator, Mapping
@@ -26,6 +28,8 @@ from ..engines.base import Engine
 from ..errors import ConfigError, EngineInputError
 from .engine_scheduler import BatchInfo, EngineScheduler
 from .policies import BatchPolicy, Priority, default_policy
+
+log = logging.getLogger("teola_plugin")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class EngineServer:
         policy = spec.policy or default_policy(self.engine.kind)
         self.scheduler = EngineScheduler(spec.name, self.engine.execute, policy, self.engine.request_items)
         self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
+        self._readers: dict[str, asyncio.Task[Any]] = {}  # stream -> the task reading it now
         self._stream_ids = itertools.count()
         self._start_lock: asyncio.Lock | None = None
 
@@ -140,24 +145,40 @@ class EngineServer:
         if sid not in self._streams:
             raise EngineInputError(f"no open stream {sid!r} on engine {self.spec.name!r}")
         iterator, _ = self._streams[sid]
+        reader = asyncio.current_task()
+        if reader is not None:
+            self._readers[sid] = reader
         try:
             async for item in iterator:
                 yield item
         finally:
+            if self._readers.get(sid) is reader:
+                del self._readers[sid]
             await self.close_stream(sid)
 
     async def close_stream(self, sid: str) -> None:
+        """Abort and forget a stream. Through Ray the close arrives as its own call while
+        another task may be inside the iterator (``aclose`` would fail there): that reader
+        is cancelled first, which aborts the engine request where it waits."""
         entry = self._streams.pop(sid, None)
-        if entry is not None:
-            iterator, release = entry
-            try:
-                await iterator.aclose()
-            finally:
-                release()
+        if entry is None:
+            return
+        iterator, release = entry
+        reader = self._readers.pop(sid, None)
+        try:
+            if reader is not None and reader is not asyncio.current_task() and not reader.done():
+                reader.cancel()
+                await asyncio.wait({reader}, timeout=30)
+            await iterator.aclose()
+        except RuntimeError as exc:  # still running after all: it ends with its reader
+            log.warning("stream %s on %s: %s", sid, self.spec.name, exc)
+        finally:
+            release()
 
     def stats(self) -> dict[str, Any]:
-        return {"queued": self.scheduler.queued, "batches_run": self.scheduler.batches_run,
-                "open_streams": len(self._streams)}
+        return {"queued": self.scheduler.queued, "queue_entries": self.scheduler.queue_entries,
+                "batches_run": self.scheduler.batches_run, "running": self.scheduler.running,
+                "open_streams": len(self._streams), "pid": os.getpid()}
 
 
 # ---------------------------------------------------------------------------- client side

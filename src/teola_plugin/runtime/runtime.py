@@ -6,7 +6,9 @@ on it, so synchronous framework code (``query_engine.query``) can call in from a
 with :meth:`Runtime.run_sync`, and async code with :meth:`Runtime.run_async`.
 
 Hosting: ``hosting="ray"`` (default) starts an embedded Ray runtime on first use (no
-dashboard, bound to 127.0.0.1, sized to this machine) or connects to ``ray_address``; each
+dashboard, node address 127.0.0.1, token authentication unless ``RAY_AUTH_MODE`` says
+otherwise, sized to this machine; docs/reliability.md says which ports it opens) or
+connects to ``ray_address``; each
 engine replica is an actor placed by its resources. ``hosting="local"`` keeps engines in
 the loop thread (tests of pure scheduling, notebooks without Ray). Scheduling is the same
 code either way.
@@ -19,6 +21,7 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -26,7 +29,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
-from .graph_scheduler import GraphRun
+from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
 from .timeline import Timeline
@@ -88,8 +91,19 @@ class Runtime:
     ) -> None:
         if hosting not in ("ray", "local"):
             raise ConfigError(f"hosting must be 'ray' or 'local', got {hosting!r}")
-        if ray_address is not None and hosting != "ray":
-            raise ConfigError("ray_address needs hosting='ray'")
+        if ray_address is not None and (hosting != "ray" or not isinstance(ray_address, str)):
+            raise ConfigError(f"ray_address must be a str such as 'host:6379' and needs hosting='ray'; "
+                              f"got {ray_address!r} with hosting={hosting!r}")
+        if engines is not None and not isinstance(engines, Mapping):
+            raise ConfigError(f"engines must map names to EngineSpec, got {type(engines).__name__}")
+        if engines is not None:
+            for key, spec in engines.items():
+                if not isinstance(key, str) or not isinstance(spec, EngineSpec):
+                    raise ConfigError(f"engines must map str names to EngineSpec; {key!r} -> {type(spec).__name__}")
+        if cost is not None and not callable(cost):
+            raise ConfigError(f"cost must be a function of a Primitive, got {type(cost).__name__}")
+        if handlers is not None and not isinstance(handlers, PrimitiveHandlers):
+            raise ConfigError(f"handlers must be a PrimitiveHandlers, got {type(handlers).__name__}")
         self.specs = dict(engines if engines is not None else default_engine_specs())
         self.hosting = hosting
         self.ray_address = ray_address
@@ -175,15 +189,24 @@ class Runtime:
                 raise ConfigError(f"this process is already connected to the Ray cluster at {current!r}; "
                                   f"it cannot also join {self.ray_address!r}")
             return
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if self.ray_address is None and "RAY_AUTH_MODE" not in os.environ:
+            # Ray's gRPC servers listen on every interface whatever the node address, and
+            # ray.init turns token authentication on for a new local cluster when the mode
+            # is unset. The token: a fresh one per process, kept in this process's
+            # environment (inherited by Ray's workers) rather than ~/.ray/auth_token.
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        elif self.ray_address is not None:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if self.ray_address is not None:
             try:
                 ray.init(address=self.ray_address, ignore_reinit_error=True, log_to_driver=False)
             except Exception as exc:
                 raise ConfigError(f"cannot connect to the Ray cluster at {self.ray_address!r}: {exc}") from exc
         else:
-            # Embedded: loopback only, no dashboard, sized to the machine.
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+            # Embedded: a new local instance ("local": without it ray.init joins whatever
+            # cluster `ray start` last left in /tmp/ray, someone else's included), no
+            # dashboard, node address 127.0.0.1, sized to the machine.
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
                      log_to_driver=False, ignore_reinit_error=True)
         self._owns_ray = True
 
@@ -249,6 +272,11 @@ class Runtime:
         token_nodes: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async)."""
+        if not isinstance(graph, PGraph):
+            raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"execute takes the graph inputs as a dict, got {type(inputs).__name__}")
+        check_timeout(timeout_s)
         await self.start_engines(*sorted(self.engines_for(graph) - set(self._pools)))
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=timeout_s,

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Span:
@@ -43,6 +45,9 @@ class Timeline:
     """Thread-safe span store with a retention limit in queries (oldest dropped first)."""
 
     def __init__(self, max_queries: int = 1000) -> None:
+        if isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1:
+            raise ConfigError(f"timeline retention (max_queries / timeline_queries) must be a positive int, "
+                              f"got {max_queries!r}")
         self.max_queries = max_queries
         self._spans: collections.OrderedDict[str, list[Span]] = collections.OrderedDict()
         self._lock = threading.Lock()

@@ -12,15 +12,22 @@ branches concurrently; every primitive waits (``after``) on the *frontier* (what
 steps before it emitted last), like ``ir/app_graphs.Tracer``. Dependency pruning then
 removes the waits that are not data flow.
 
-Tracing only builds a graph: it never calls an engine or a component.
+Run-time decisions. ``RunnableEach`` and ``RunnableBranch`` only know at run time what
+runs (how many elements, which branch): their primitive returns an ``Expansion`` built by
+the tracer's :class:`SubPlanner` (the integration layer's: trace, optimize, serve stores).
+
+Tracing only builds a graph: it never calls an engine or a component. A component left
+opaque is logged once per type (WARNING on ``teola_plugin.capture.langchain``) with the reason.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
@@ -31,6 +38,19 @@ from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 LoweringRule = Callable[["LangChainTracer", Any, Value], Value]
 _RULES: dict[type, LoweringRule] = {}
 OUT = "out"  # the output port of the opaque primitives the tracer emits
+log = logging.getLogger("teola_plugin.capture.langchain")
+_warned: set[type] = set()  # component types already reported as opaque
+_warned_lock = threading.Lock()
+
+
+def warn_opaque_once(component: Any, reason: str) -> None:
+    """One WARNING per component type that runs unchanged (not one per trace or call)."""
+    kind = type(component)
+    with _warned_lock:
+        if kind in _warned:
+            return
+        _warned.add(kind)
+    log.warning("%s runs unchanged (opaque, not scheduled by Teola): %s", kind.__name__, reason)
 
 
 def lowering(*types: type) -> Callable[[LoweringRule], LoweringRule]:
@@ -113,8 +133,34 @@ def _node_base(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_") or "component"
 
 
+class SubPlanner(Protocol):
+    """Builds, at run time, the graph a runnable runs on one concrete input (for expansions)."""
+
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
+        """``(graph, graph inputs)``; the graph's output ``"output"`` is ``runnable.invoke(input)``."""
+        ...
+
+
+class TraceOnlyPlanner:
+    """Trace without optimizing or serving stores (tracing tools, tests of the lowering)."""
+
+    def __init__(self, engine_models: Mapping[str, str] | None = None) -> None:
+        self.engine_models = dict(engine_models or {})
+
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
+        from ...runtime.values import IndexHandle
+
+        trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
+        feed = trace.layout.feed(input)
+        feed.update({name: IndexHandle(engine) for name, (engine, _) in trace.stores.items()})
+        return trace.graph, feed
+
+
 class LangChainTracer:
-    def __init__(self, name: str = "langchain") -> None:
+    def __init__(self, name: str = "langchain", *, planner: SubPlanner | None = None,
+                 engine_models: Mapping[str, str] | None = None) -> None:
+        self.engine_models = dict(engine_models or {})  # Teola LLM engine -> the model it serves
+        self.planner: SubPlanner = planner or TraceOnlyPlanner(self.engine_models)
         self.graph = PGraph(name)
         self.frontier: frozenset[str] = frozenset()  # what the next primitive waits on
         self.stores: dict[str, tuple[str, Any]] = {}
@@ -182,8 +228,13 @@ class LangChainTracer:
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
                         attrs={"fn": call_unchanged, "reason": reason}, origin=name, outputs=[OUT])
-        self.opaque.append(OpaqueComponent(prim.name, name, reason))
+        self.note_opaque(runnable, prim.name, reason)
         return Traced(prim.out(OUT))
+
+    def note_opaque(self, runnable: Any, node: str, reason: str) -> None:
+        """Record (for explain) and log (once per type) a component that runs unchanged."""
+        self.opaque.append(OpaqueComponent(node, component_name(runnable), reason))
+        warn_opaque_once(runnable, reason)
 
     def materialise(self, value: Value) -> Ref:
         """The run-time value of ``value`` as one ref (building dicts / messages / prompts)."""
@@ -248,9 +299,14 @@ class LangChainTracer:
         return LangChainTrace(self.graph, layout, shape, dict(self.stores), list(self.opaque))
 
 
-def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None) -> LangChainTrace:
-    """Lower ``runnable`` for inputs of ``layout`` into a primitive graph (runs nothing)."""
+def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None, *,
+                   planner: SubPlanner | None = None,
+                   engine_models: Mapping[str, str] | None = None) -> LangChainTrace:
+    """Lower ``runnable`` for inputs of ``layout`` into a primitive graph (runs nothing).
+    ``engine_models`` (engine name -> model path) lets a framework model that names its
+    model (LangChain's ``VLLM``) be mapped onto the Teola engine serving that model."""
     from . import rules  # noqa: F401  (registers the built-in rules)
 
-    tracer = LangChainTracer(name or _node_base(component_name(runnable)))
+    tracer = LangChainTracer(name or _node_base(component_name(runnable)), planner=planner,
+                             engine_models=engine_models)
     return tracer.finish(tracer.lower(runnable, tracer.inputs(layout)), layout)

@@ -32,6 +32,7 @@ class Traced:
     ref: Ref
     kind: Kind = Kind.ANY
     tokens_from: str | None = None  # the llm_decode whose streamed tokens are this text
+    lines_of: str | None = None  # this is a LineListOutputParser's list of that llm_decode's text
 
 
 @dataclass(frozen=True)

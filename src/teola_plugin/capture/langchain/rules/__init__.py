@@ -1,3 +1,3 @@
 """The built-in lowering rules; importing this package registers them."""
 
-from . import composition, models, prompts, retrievers  # noqa: F401
+from . import composite_retrievers, composition, dynamic, models, parsers, prompts, retrievers  # noqa: F401

@@ -1,7 +1,11 @@
 """LLMs and chat models that run on a Teola engine: format -> llm_prefill -> llm_decode.
 
-Only models that describe their engine call (``LowerableLanguageModel``, e.g. the plugin's
-``TeolaChatModel`` / ``TeolaLLM``) are lowered; any other model runs unchanged.
+Lowered: models that describe their engine call (``LowerableLanguageModel``, e.g. the
+plugin's ``TeolaChatModel`` / ``TeolaLLM``), and LangChain's ``VLLM`` when a Teola engine
+serves its model (``foreign.py``); ``.bind(stop=...)`` on them too. Any other model runs
+unchanged. Each lowered call also gets two small CPU primitives that report it to the
+caller's LangChain callbacks (``callbacks.py``): started with the real prompt, ended with
+the decoded text.
 """
 
 from __future__ import annotations
@@ -9,12 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
+from langchain_core.runnables import RunnableBinding
 
 from ....ir.node import Primitive
 from ....ir.ops import Op
 from ..protocols import LLMCallSpec, LowerableLanguageModel
 from ..tracer import CannotLower, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
+from .callbacks import call_reporters
+from .foreign import foreign_call_spec
 from .prompts import literal_parts
 
 CHARS_PER_TOKEN = 4
@@ -49,26 +56,69 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     return fmt, TOKENS_PER_VARIABLE
 
 
-def add_llm_call(t: LangChainTracer, model: Any, value: Value,
-                 **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec]:
-    """format -> llm_prefill -> llm_decode for ``model`` on ``value``; returns the decode."""
-    if not isinstance(model, LowerableLanguageModel):
-        raise CannotLower("not a Teola model: its engine is unknown (use TeolaChatModel / TeolaLLM)")
-    spec = model.teola_call_spec()
+def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
+    """The engine call ``model.invoke(..., stop=stop)`` makes; CannotLower if unknown."""
+    if isinstance(model, LowerableLanguageModel):
+        spec = model.teola_call_spec()
+        if stop is None:
+            return spec
+        params = {k: v for k, v in spec.sampling_params.items() if k != "stop"}
+        if stop:  # an explicit stop replaces the model's own (an empty one clears it)
+            params["stop"] = list(stop)
+        return LLMCallSpec(spec.engine, spec.to_engine_prompt, params, spec.returns_message, spec.string_prompts)
+    return foreign_call_spec(model, t.engine_models, stop)
+
+
+def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None = None,
+                 **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced]:
+    """format -> llm_prefill -> llm_decode for ``model`` on ``value``; returns the decode,
+    the call spec and the reply text (after the callback report)."""
+    spec = call_spec(t, model, stop)
     origin = component_name(model)
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
     params = dict(spec.sampling_params)
     max_tokens = int(params.get("max_tokens", 256))
+    report_start, report_end = call_reporters(model, spec, stop)
+    started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
+                          outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
     prefill = t.add(Op.LLM_PREFILL, name="llm_prefill", engine=spec.engine, inputs={"prompt": fmt.out()},
                     attrs={"sampling_params": params, "max_tokens": max_tokens,
                            "est_prompt_tokens": est_tokens}, origin=origin)
     decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
                    attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
-    return decode, spec
+    ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text")},
+                  attrs={"fn": report_end}, origin=origin, outputs=["text"])
+    return decode, spec, Traced(ended.out("text"), Kind.TEXT, tokens_from=decode.name)
+
+
+def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None) -> Value:
+    _, spec, text = add_llm_call(t, model, value, stop)
+    return ChatReply(text) if spec.returns_message else text
 
 
 @lowering(BaseLanguageModel)
 def lower_model(t: LangChainTracer, model: BaseLanguageModel, value: Value) -> Value:
-    decode, spec = add_llm_call(t, model, value)
-    text = Traced(decode.out("text"), Kind.TEXT, tokens_from=decode.name)
-    return ChatReply(text) if spec.returns_message else text
+    return _lower_call(t, model, value, None)
+
+
+TRACING_ONLY_CONFIG = {"tags", "metadata", "run_name", "max_concurrency", "recursion_limit"}
+
+
+@lowering(RunnableBinding)
+def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) -> Value:
+    """``model.bind(stop=...)`` runs the model with that stop; ``x.with_config(tags=...)``
+    runs ``x`` (those keys only name the run for tracing)."""
+    if type(binding) is not RunnableBinding or binding.config_factories:
+        raise CannotLower(f"{type(binding).__name__} with config factories or a custom binding")
+    extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG)
+    if extra_config:
+        raise CannotLower(f"config {extra_config} changes how the bound runnable runs")
+    kwargs = dict(binding.kwargs)
+    if isinstance(binding.bound, BaseLanguageModel):
+        stop = kwargs.pop("stop", None)
+        if kwargs:
+            raise CannotLower(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
+        return _lower_call(t, binding.bound, value, None if stop is None else list(stop))
+    if kwargs:
+        raise CannotLower(f"bound arguments {sorted(kwargs)}")
+    return t.lower(binding.bound, value)

@@ -1,0 +1,127 @@
+"""The LlamaIndex apps: document QA (naive and advanced RAG) and tree summarization.
+
+Each query brings its own documents, which the app indexes as a user would
+(``VectorStoreIndex.from_documents``: chunk -> embed -> insert) before asking. Teola systems
+set ``Settings.executor = TeolaExecutor(...)``; nothing else in the app changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from llama_index.core import Document, Settings, SummaryIndex, VectorStoreIndex
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.retrievers import QueryFusionRetriever
+
+from ... import datasets
+from ...llama_index import TeolaEmbedding, TeolaExecutor, TeolaLLM
+from ..workloads import upload_for
+from .base import Answer, BenchApp, Query, System
+from .components import EngineRerank
+
+UPLOAD_DOCS = 100  # passages uploaded with each document-QA question
+SUMMARY_DOCS = 20  # chunks the summarization app summarizes
+SUMMARY_WINDOW = 1024  # tokens: the 20 chunks then need a tree of LLM calls (a small-context model)
+
+
+class LlamaIndexApp(BenchApp):
+    framework = "llama_index"
+    dataset = "hotpotqa-dev-500"
+    n_docs = UPLOAD_DOCS
+
+    def __init__(self, runtime: Any, max_tokens: int = 32, timeout_s: float = 600) -> None:
+        super().__init__(runtime, max_tokens)
+        self.llm = TeolaLLM(runtime, max_tokens=max_tokens)
+        self.embed_model = TeolaEmbedding(runtime)
+        self.timeout_s = timeout_s
+        self._executors: dict[str, TeolaExecutor] = {}
+
+    def setup(self, queries: list[Query]) -> None:
+        Settings.llm = self.llm  # components that fall back to Settings get the same engines
+        Settings.embed_model = self.embed_model
+
+    def queries(self, n: int, seed: int = 0) -> list[Query]:
+        out = []
+        for q in datasets.load_questions(self.dataset, limit=n, seed=seed):
+            docs = [Document(text=d.text, id_=d.id, metadata=dict(d.metadata)) for d in upload_for(q, self.n_docs)]
+            out.append(Query(q.id, q.question, q.answers, {"docs": docs}))
+        return out
+
+    def use(self, system: System) -> None:
+        """Plain LlamaIndex, or the same app on Teola: the one line a user changes."""
+        if system.teola:
+            if system.name not in self._executors:
+                self._executors[system.name] = TeolaExecutor(self.runtime, timeout_s=self.timeout_s,
+                                                             **system.pass_kwargs)
+            Settings.executor = self._executors[system.name]
+        else:
+            Settings.executor = None
+
+    # -- the app, written once, sync and async ------------------------------------------------
+    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+        raise NotImplementedError
+
+    def question_text(self, query: Query) -> str:
+        return query.question
+
+    def run(self, query: Query, system: System, callbacks: list[Any] | None = None) -> Answer:
+        self.use(system)
+        engine = self.query_engine(query.data["docs"], use_async=system.concurrent)
+        return _answer(engine.query(self.question_text(query)))
+
+    async def arun(self, query: Query, system: System, stream: bool = False) -> Answer:
+        self.use(system)
+        # Building an index is synchronous in LlamaIndex: off the event loop, as users do.
+        engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True)
+        return _answer(await engine.aquery(self.question_text(query)))
+
+
+def _answer(response: Any) -> Answer:
+    return Answer(str(response.response or "").strip(),
+                  [n.node.ref_doc_id or n.node.node_id for n in response.source_nodes])
+
+
+class NaiveDocQA(LlamaIndexApp):
+    name = "doc_qa_naive"
+    title = "1 Document QA, naive RAG (LlamaIndex)"
+    workload = (f"HotpotQA question + {UPLOAD_DOCS} uploaded passages (its 10 context paragraphs + "
+                f"{UPLOAD_DOCS - 10} corpus distractors): chunk -> embed -> insert, top-3 retrieval, compact synthesis")
+
+    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+        index = VectorStoreIndex.from_documents(docs, embed_model=self.embed_model, use_async=use_async)
+        return index.as_query_engine(llm=self.llm, similarity_top_k=3, use_async=use_async)
+
+
+class AdvancedDocQA(LlamaIndexApp):
+    name = "doc_qa_advanced"
+    title = "2 Document QA, advanced RAG (LlamaIndex)"
+    workload = (f"as app 1 ({UPLOAD_DOCS} uploaded passages), plus QueryFusionRetriever (3 generated queries + "
+                "the original, top 5 each, reciprocal-rank fusion) and reranking to the top 3 before synthesis")
+
+    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+        index = VectorStoreIndex.from_documents(docs, embed_model=self.embed_model, use_async=use_async)
+        fusion = QueryFusionRetriever([index.as_retriever(similarity_top_k=5)], llm=self.llm, similarity_top_k=5,
+                                      num_queries=4, mode="reciprocal_rerank")  # use_async: framework default
+        return RetrieverQueryEngine.from_args(fusion, llm=self.llm, use_async=use_async,
+                                              node_postprocessors=[EngineRerank(self.runtime, top_n=3)])
+
+
+class TreeSummarize(LlamaIndexApp):
+    name = "summarize"
+    title = "5 Summarize many chunks (LlamaIndex tree_summarize)"
+    n_docs = SUMMARY_DOCS
+    workload = (f"{SUMMARY_DOCS} passages (a HotpotQA question's 10 context paragraphs + 10 distractors) -> "
+                f"SummaryIndex, tree_summarize with a {SUMMARY_WINDOW}-token window (several leaf summaries, "
+                "then their summary)")
+
+    def __init__(self, runtime: Any, max_tokens: int = 32, timeout_s: float = 600) -> None:
+        super().__init__(runtime, max_tokens, timeout_s)
+        self.llm = TeolaLLM(runtime, max_tokens=max_tokens, context_window=SUMMARY_WINDOW)
+
+    def question_text(self, query: Query) -> str:
+        return f"Summarize what the passages say that helps answer: {query.question}"
+
+    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+        index = SummaryIndex.from_documents(docs)
+        return index.as_query_engine(llm=self.llm, response_mode="tree_summarize", use_async=use_async)

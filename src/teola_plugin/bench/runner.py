@@ -1,0 +1,311 @@
+"""The end-to-end benchmark: every app under every system, in one run, on one set of engines.
+
+Per app: seeded questions; each question runs under each system (the order rotates per
+question, so no system always goes first); then each question once more under teola-full
+with one primitive at a time, for its bound (``bench.bound``); then, for the Poisson apps,
+open-loop arrivals at several rates for plain-concurrent and teola-full. Failures are
+recorded with the question and system, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime.runtime import Runtime, default_engine_specs
+from . import metrics
+from .apps import APPS, PLAIN_CONCURRENT, PLAIN_SEQUENTIAL, TEOLA_FULL, BenchApp, Query, System, all_systems
+from .bound import IsolatingHandlers, query_bound
+from .framework_events import EventRecorder
+
+
+@dataclass
+class BenchConfig:
+    apps: list[str] = field(default_factory=lambda: list(APPS))
+    questions: int = 50  # measured per app (plus one warm-up question)
+    ablations: bool = True
+    systems: list[str] | None = None  # None: all (ablations per the flag)
+    poisson_apps: list[str] = field(default_factory=lambda: ["search_gen", "doc_qa_naive", "doc_qa_advanced"])
+    poisson_rates: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])  # x the plain-concurrent capacity
+    poisson_queries: int = 24  # arrivals per rate and system
+    slo_factor: float = 3.0  # SLO = this x plain-sequential p50 of the app
+    bound: bool = True
+    max_tokens: int = 32
+    seed: int = 0
+    timeout_s: float = 600.0
+    mode: str = "full"
+    command: str = "teola bench"
+
+    def chosen_systems(self) -> list[System]:
+        systems = all_systems(self.ablations)
+        if self.systems is not None:
+            known = {s.name for s in all_systems(True)}
+            unknown = sorted(set(self.systems) - known)
+            if unknown:
+                raise ValueError(f"unknown systems {unknown}; choose from {sorted(known)}")
+            systems = [s for s in all_systems(True) if s.name in self.systems]
+        return systems
+
+
+def quick_config(**overrides: Any) -> BenchConfig:
+    """Every app, a few questions, no ablations, one short Poisson sweep: minutes, not hours."""
+    base = dict(questions=1, ablations=False, poisson_apps=["search_gen"], poisson_rates=[1.0, 3.0],
+                poisson_queries=6, mode="quick", command="teola bench --quick")
+    base.update(overrides)
+    return BenchConfig(**base)
+
+
+def machine() -> str:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, {gpu}, python {sys.version.split()[0]}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Bench:
+    def __init__(self, config: BenchConfig, runtime: Runtime | None = None) -> None:
+        self.config = config
+        self.handlers = IsolatingHandlers()
+        self.owns_runtime = runtime is None
+        self.runtime = runtime or Runtime(default_engine_specs(), handlers=self.handlers)
+        if runtime is not None:  # a caller's runtime: measure bounds only if it uses our handlers
+            self.handlers = runtime.handlers if isinstance(runtime.handlers, IsolatingHandlers) else None
+        self.recorder = EventRecorder()
+
+    # -- single queries ----------------------------------------------------------------------
+    def run_one(self, app: BenchApp, query: Query, system: System, record_events: bool = False) -> dict[str, Any]:
+        before = set(self.runtime.timeline.query_ids())
+        if record_events:
+            self.recorder.reset()
+            self.recorder.active = True
+        start = time.perf_counter()
+        t0_wall = time.time()
+        try:
+            if system.concurrent:
+                answer = asyncio.run(app.arun(query, system))
+            else:
+                answer = app.run(query, system, callbacks=[self.recorder.langchain] if record_events else None)
+            latency = time.perf_counter() - start
+        except Exception as exc:  # recorded with the question, not dropped
+            return {"system": system.name, "query": query.id, "error": f"{type(exc).__name__}: {exc}",
+                    "trace": traceback.format_exc(limit=6)}
+        finally:
+            self.recorder.active = False
+        out: dict[str, Any] = {"system": system.name, "query": query.id, "latency_s": latency, "answer": answer.text,
+                               "sources": answer.sources, "em": metrics.exact_match(answer.text, query.answers),
+                               "f1": metrics.f1(answer.text, query.answers), "t0": t0_wall,
+                               "timeline_ids": [q for q in self.runtime.timeline.query_ids() if q not in before]}
+        if record_events:
+            out["llm_s"] = self.recorder.busy_s("llm")
+            out["events"] = [(i.kind, i.start - t0_wall, i.end - t0_wall) for i in self.recorder.intervals]
+        return out
+
+    def measure_bound(self, app: BenchApp, query: Query) -> dict[str, Any] | None:
+        if self.handlers is None:
+            return None
+        self.handlers.reset()
+        self.handlers.measuring = True
+        try:
+            start = time.perf_counter()
+            app.run(query, TEOLA_FULL)
+            wall = time.perf_counter() - start
+            return {"query": query.id, **query_bound(self.handlers, wall)}
+        except Exception as exc:
+            return {"query": query.id, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self.handlers.measuring = False
+            self.handlers.reset()
+
+    # -- open loop -------------------------------------------------------------------------
+    async def _poisson(self, app: BenchApp, queries: list[Query], system: System, rate: float,
+                       n: int, seed: int, slo_s: float) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=max(32, 2 * n)))
+        rng = random.Random(f"{seed}-{rate}")
+        lat: list[float] = []
+        ttft: list[float] = []
+        errors: list[str] = []
+
+        async def one(q: Query) -> None:
+            t0 = time.perf_counter()
+            try:
+                ans = await asyncio.wait_for(app.arun(q, system, stream=True), self.config.timeout_s)
+                lat.append(time.perf_counter() - t0)
+                if ans.ttft_s is not None:
+                    ttft.append(ans.ttft_s)
+            except Exception as exc:
+                errors.append(f"{q.id}: {type(exc).__name__}: {exc}")
+
+        start = time.perf_counter()
+        tasks, t = [], 0.0
+        for i in range(n):
+            t += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(queries[i % len(queries)])))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        good = sum(1 for x in lat if x <= slo_s)
+        return {"system": system.name, "rate_qps": round(rate, 4), **metrics.latency_stats(lat),
+                "ttft": metrics.latency_stats(ttft) if ttft else None,
+                "throughput_qps": round(len(lat) / duration, 4), "goodput_qps": round(good / duration, 4),
+                "slo_s": round(slo_s, 3), "errors": errors}
+
+    def poisson(self, app: BenchApp, queries: list[Query], capacity_qps: float, slo_s: float) -> list[dict[str, Any]]:
+        out = []
+        for mult in self.config.poisson_rates:
+            rate = mult * capacity_qps
+            for system in (PLAIN_CONCURRENT, TEOLA_FULL):
+                log(f"  poisson {app.name} {system.name} at {rate:.3f} q/s ({mult}x)")
+                res = asyncio.run(self._poisson(app, queries, system, rate, self.config.poisson_queries,
+                                                self.config.seed, slo_s))
+                res["rate_multiple"] = mult
+                out.append(res)
+        return out
+
+    # -- one app -----------------------------------------------------------------------------
+    def run_app(self, name: str) -> dict[str, Any]:
+        cfg = self.config
+        app = APPS[name](self.runtime, max_tokens=cfg.max_tokens, timeout_s=cfg.timeout_s)
+        all_queries = app.queries(cfg.questions + 1, seed=cfg.seed)
+        log(f"{app.title}: setup")
+        t0 = time.perf_counter()
+        app.setup(all_queries)
+        setup_s = time.perf_counter() - t0
+        warm, queries = all_queries[0], all_queries[1:]
+        systems = cfg.chosen_systems()
+        for system in (PLAIN_SEQUENTIAL, TEOLA_FULL):  # first calls pay one-time costs (tracing, caches)
+            self.run_one(app, warm, system)
+        runs: list[dict[str, Any]] = []
+        for i, q in enumerate(queries):
+            order = systems[i % len(systems):] + systems[: i % len(systems)]
+            for system in order:
+                r = self.run_one(app, q, system, record_events=system is PLAIN_SEQUENTIAL)
+                runs.append(r)
+                status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
+                log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
+        bounds = [b for q in queries if (b := self.measure_bound(app, q)) is not None] if cfg.bound else []
+        result = summarize_app(app, systems, runs, bounds, setup_s)
+        attach_gantt_spans(result, self.runtime)
+        if name in cfg.poisson_apps and queries:
+            pc = result["systems"].get("plain-concurrent", {}).get("mean_s")
+            ps = result["systems"].get("plain-sequential", {}).get("p50_s")
+            if pc and ps:
+                result["poisson"] = self.poisson(app, queries, 1.0 / pc, cfg.slo_factor * ps)
+                result["poisson_summary"] = poisson_summary(result["poisson"])
+        return result
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        started = time.perf_counter()
+        log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
+        self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
+        results: dict[str, Any] = {"machine": machine(), "command": cfg.command, "mode": cfg.mode,
+                                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                   "config": {k: v for k, v in vars(cfg).items()}, "apps": {},
+                                   # other processes on the machine skew every number: say how busy it was
+                                   "load_avg_1_5_15": {"start": [round(x, 2) for x in os.getloadavg()]}}
+        try:
+            for name in cfg.apps:
+                results["apps"][name] = self.run_app(name)
+        finally:
+            try:
+                from llama_index.core import Settings
+
+                Settings.executor = None
+            except Exception:
+                pass
+            if self.owns_runtime:
+                self.runtime.shutdown()
+        results["wall_s"] = round(time.perf_counter() - started, 1)
+        results["load_avg_1_5_15"]["end"] = [round(x, 2) for x in os.getloadavg()]
+        return results
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def summarize_app(app: BenchApp, systems: list[System], runs: list[dict[str, Any]],
+                  bounds: list[dict[str, Any]], setup_s: float) -> dict[str, Any]:
+    ok = [r for r in runs if "latency_s" in r]
+    plain = {r["query"]: r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name}
+    out: dict[str, Any] = {"title": app.title, "framework": app.framework, "workload": app.workload,
+                           "setup_s": round(setup_s, 2), "systems": {}, "errors": [
+                               {k: r[k] for k in ("system", "query", "error")} for r in runs if "error" in r]}
+    for system in systems:
+        mine = [r for r in ok if r["system"] == system.name]
+        stats = metrics.latency_stats([r["latency_s"] for r in mine])
+        same = [r["answer"] == plain[r["query"]]["answer"] for r in mine if r["query"] in plain]
+        stats.update({
+            "em": _mean([r["em"] for r in mine]), "f1": _mean([r["f1"] for r in mine]),
+            "fidelity": _mean([float(x) for x in same]),  # share of answers identical to plain-sequential's
+            "errors": sum(1 for r in runs if r["system"] == system.name and "error" in r),
+        })
+        out["systems"][system.name] = stats
+    plain_runs = [r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name and "llm_s" in r]
+    if plain_runs:
+        out["plain_outside_llm_share"] = _mean([max(0.0, 1 - r["llm_s"] / r["latency_s"]) for r in plain_runs])
+    good = [b for b in bounds if "bound_s" in b]
+    out["bounds"] = bounds
+    out["bound_mean_s"] = _mean([b["bound_s"] for b in good])
+    full, seq = out["systems"].get(TEOLA_FULL.name, {}), out["systems"].get(PLAIN_SEQUENTIAL.name, {})
+    if out["bound_mean_s"] and full.get("mean_s") and seq.get("mean_s"):
+        out["teola_over_bound"] = round(full["mean_s"] / out["bound_mean_s"], 3)
+        out["ideal_speedup"] = round(seq["mean_s"] / out["bound_mean_s"], 3)
+        out["achieved_speedup"] = round(seq["mean_s"] / full["mean_s"], 3)
+        out["share_of_ideal"] = round((out["achieved_speedup"] - 1) / (out["ideal_speedup"] - 1), 3) \
+            if out["ideal_speedup"] > 1.0 else None
+    out["gantt"] = _gantt(ok)
+    out["runs"] = [{k: v for k, v in r.items() if k not in ("events", "timeline_ids", "t0")} for r in runs]
+    return out
+
+
+def _gantt(ok: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last question answered by both plain-sequential and teola-full: the plain run's
+    framework events and the Teola run's timeline ids (spans are attached by the caller)."""
+    plain = {r["query"]: r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name}
+    teola = {r["query"]: r for r in ok if r["system"] == TEOLA_FULL.name}
+    both = [q for q in plain if q in teola]
+    if not both:
+        return None
+    q = both[-1]
+    return {"query": q, "plain_latency_s": plain[q]["latency_s"], "teola_latency_s": teola[q]["latency_s"],
+            "plain_events": plain[q].get("events", []), "teola_timeline_ids": teola[q]["timeline_ids"],
+            "teola_t0": teola[q]["t0"]}
+
+
+def poisson_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """plain-concurrent's saturation rate (the lowest rate whose throughput falls below 80% of
+    the offered rate) and the p99 of both systems there."""
+    pc = sorted((r for r in rows if r["system"] == PLAIN_CONCURRENT.name and r["n"]), key=lambda r: r["rate_qps"])
+    sat = next((r for r in pc if r["throughput_qps"] < 0.8 * r["rate_qps"]), pc[-1] if pc else None)
+    if sat is None:
+        return {}
+    teola = next((r for r in rows if r["system"] == TEOLA_FULL.name and r["rate_qps"] == sat["rate_qps"]), None)
+    out = {"saturation_rate_qps": sat["rate_qps"], "saturated": sat["throughput_qps"] < 0.8 * sat["rate_qps"],
+           "plain_concurrent_p99_s": sat["p99_s"], "teola_p99_s": teola["p99_s"] if teola else None}
+    if teola and teola["p99_s"] and sat["p99_s"]:
+        out["p99_ratio"] = round(sat["p99_s"] / teola["p99_s"], 3)
+    return out
+
+
+def attach_gantt_spans(app: dict[str, Any], runtime: Runtime) -> None:
+    """Replace the app's Gantt timeline ids by the spans themselves (seconds from the query's start)."""
+    g = app.get("gantt")
+    if g and "teola_timeline_ids" in g:
+        spans = runtime.timeline.spans(g.pop("teola_timeline_ids"))
+        t0 = g.pop("teola_t0")
+        g["teola_spans"] = [(s.node, s.engine, s.op, s.ready - t0, s.start - t0, s.end - t0) for s in spans]

@@ -1,0 +1,67 @@
+"""Report lowered model calls to the caller's LangChain callbacks, as the model would.
+
+A lowered call never runs the model's ``invoke``, so the handlers in the caller's config
+(LangChain's config context reaches the primitives: the runtime copies the caller's
+context) would not hear of it. Two CPU primitives stand in: ``llm_start`` fires
+``on_chat_model_start`` / ``on_llm_start`` with the prompt the engine receives, as soon
+as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text and
+passes the text on. Without callbacks both return at once. Token callbacks
+(``on_llm_new_token``) and ``on_llm_error`` are not reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.callbacks import CallbackManager
+from langchain_core.messages import AIMessage, convert_to_messages
+from langchain_core.outputs import ChatGeneration, Generation, LLMResult
+from langchain_core.runnables.config import ensure_config
+
+from ..protocols import LLMCallSpec
+
+
+def _callback_manager(model: Any, stop: list[str] | None) -> CallbackManager | None:
+    config = ensure_config()  # the caller's config, from the copied context
+    model_callbacks, verbose = getattr(model, "callbacks", None), bool(getattr(model, "verbose", False))
+    if not config.get("callbacks") and not model_callbacks and not verbose:
+        return None
+    metadata = dict(config.get("metadata") or {})
+    try:
+        metadata.update(model._get_ls_params(stop=stop))
+    except Exception:  # noqa: BLE001 - tracing metadata only
+        pass
+    return CallbackManager.configure(config.get("callbacks"), model_callbacks, verbose, config.get("tags"),
+                                     getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
+
+
+def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tuple[Callable, Callable]:
+    """``(report_start(prompt) -> run manager | None, report_end(run, text) -> text)``."""
+    chat = spec.returns_message
+
+    async def report_start(prompt: Any) -> Any:
+        manager = _callback_manager(model, stop)
+        if manager is None:
+            return None
+        try:
+            params = model._get_invocation_params(stop=stop)
+        except Exception:  # noqa: BLE001
+            params = dict(spec.sampling_params)
+        serialized, options = getattr(model, "_serialized", {}), {"stop": stop}
+        if chat:
+            messages = convert_to_messages(prompt)  # the engine's role/content dicts, as messages
+            (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
+                                                 options=options, batch_size=1)
+        else:
+            (run,) = manager.on_llm_start(serialized, [prompt], invocation_params=params,
+                                          options=options, batch_size=1)
+        return run
+
+    async def report_end(run: Any, text: str) -> str:
+        if run is not None:
+            generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
+            run.on_llm_end(LLMResult(generations=[[generation]]))
+        return text
+
+    return report_start, report_end

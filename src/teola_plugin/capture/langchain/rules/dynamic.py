@@ -1,0 +1,134 @@
+"""Runnables whose work is decided at run time: ``RunnableEach`` (``.map()``) and ``RunnableBranch``.
+
+Both lower to one primitive that, when its input arrives, returns an ``Expansion``: the
+graph scheduler runs that sub-graph inside the same query. The sub-graphs come from the
+tracer's ``SubPlanner`` (traced and optimized once per runnable and input layout, cached).
+
+* ``RunnableEach``: one independent sub-graph per element, all started at once, so the
+  elements' LLM calls (and embeds, searches) share engine batches; the output is the list
+  of the elements' outputs, in order, as ``bound.batch`` returns it.
+  Decode pipelining: when the list is a ``LineListOutputParser``'s parse of an LLM's
+  text (decomposition into sub-questions), each element starts as soon as its line is
+  decoded: the decode streams its lines (``stream_items``) into a region node
+  (``stream_from``) that expands one element per line. When the decode is done, the
+  parser's own list is compared with the streamed lines; if they differ (whitespace the
+  parser keeps), the elements run again on the parser's list, so the result is always
+  what ``bound.batch(parser_output)`` returns.
+* ``RunnableBranch``: the conditions run by their own code (in order, first truthy wins,
+  as LangChain does), then the chosen branch's lowered sub-graph runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableBranch
+from langchain_core.runnables.base import RunnableEachBase
+
+from ....ir.graph import PGraph
+from ....ir.node import Ref
+from ....ir.ops import Op
+from ....runtime.handlers import Expansion
+from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering, single_output
+from ..values import Traced, Value
+
+RESULT = "output"  # the output of a sub-plan graph
+
+
+def _run_sub_graph(graph: PGraph, feed: dict[str, Any]):
+    async def run_element() -> Expansion:
+        return Expansion(graph, feed)
+
+    return run_element
+
+
+async def expand_each(planner: SubPlanner, bound: Any, elements: list[Any], origin: str) -> Expansion:
+    """One opaque node per element, each expanding into the element's own sub-graph; a
+    ``list`` aggregate collects the outputs in element order."""
+    graph = PGraph(f"{origin}_each")
+    plans = await asyncio.gather(*(planner.sub_plan(bound, x) for x in elements))
+    outs = {}
+    for i, (sub, feed) in enumerate(plans):
+        node = graph.add(Op.OPAQUE, name=f"element_{i}", outputs=[RESULT], origin=origin,
+                         attrs={"fn": _run_sub_graph(sub, feed), "pure": True})
+        outs[f"in{i}"] = node.out(RESULT)
+    collect = graph.add(Op.AGGREGATE, name="elements", inputs=outs, attrs={"mode": "list"}, origin=origin)
+    graph.output(OUT, collect.out())
+    return Expansion(graph, {})
+
+
+def _is_element_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+@lowering(RunnableEachBase)
+def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Value:
+    if isinstance(value, Traced) and value.lines_of and _may_stream(t, value.lines_of):
+        return _lower_pipelined_each(t, each, value)
+    ref, planner, bound, origin = t.materialise(value), t.planner, each.bound, component_name(each)
+    invoke = each.invoke
+
+    async def run_each(input: Any) -> Any:
+        if not _is_element_list(input):  # RunnableEach's own handling (and error) of the rest
+            return single_output(await asyncio.to_thread(invoke, input))
+        if not input:
+            return []
+        return await expand_each(planner, bound, list(input), origin)
+
+    prim = t.add(Op.OPAQUE, name="each", inputs={"input": ref}, outputs=[OUT], origin=origin,
+                 attrs={"fn": run_each, "expands": "one sub-graph per element"})
+    return Traced(prim.out(OUT))
+
+
+def _may_stream(t: LangChainTracer, decode: str) -> bool:
+    """The decode's lines are free to stream (no other parse, not streamed elsewhere)."""
+    prim = t.graph[decode]
+    return prim.attrs.get("parse") in (None, "lines") and not prim.attrs.get("stream_items")
+
+
+def _lower_pipelined_each(t: LangChainTracer, each: RunnableEachBase, value: Traced) -> Value:
+    planner, bound, origin = t.planner, each.bound, component_name(each)
+    decode = value.lines_of
+    t.graph.set_attrs(decode, parse="lines", stream_items=True)
+    items = Ref(decode, "items")
+
+    async def run_line(items: list[str]) -> Expansion:  # called once per decoded line
+        return await expand_each(planner, bound, list(items), origin)
+
+    # Not after the frontier: a region node waits for nothing but its item.
+    per_line = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("each_line"), inputs={"items": items},
+                           outputs=[OUT], origin=origin,
+                           attrs={"fn": run_line, "stream_from": decode, "item_outputs": (OUT,)})
+
+    async def finish(answers: list[Any], items: list[str], elements: list[str]) -> Any:
+        if list(elements) == list(items):
+            return single_output(list(answers))
+        if not elements:
+            return []
+        return await expand_each(planner, bound, list(elements), origin)  # the parser's own list
+
+    prim = t.add(Op.OPAQUE, name="each", outputs=[OUT], origin=origin, attrs={"fn": finish},
+                 inputs={"answers": per_line.out(OUT), "items": items, "elements": value.ref})
+    return Traced(prim.out(OUT))
+
+
+@lowering(RunnableBranch)
+def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Value:
+    ref, planner, origin = t.materialise(value), t.planner, component_name(branch)
+    cases, default = list(branch.branches), branch.default
+
+    async def run_branch(input: Any) -> Expansion:
+        chosen = default
+        for condition, runnable in cases:  # in order; a condition's own code decides
+            if await asyncio.to_thread(condition.invoke, input):
+                chosen = runnable
+                break
+        sub, feed = await planner.sub_plan(chosen, input)
+        return Expansion(sub, feed)
+
+    prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
+                 attrs={"fn": run_branch, "expands": "the chosen branch"})
+    # The chosen branch's final decode streams when this node's output is what streams.
+    return Traced(prim.out(RESULT), tokens_from=prim.name)

@@ -1,0 +1,48 @@
+"""Output parsers (JSON, lists) as pure CPU primitives that call the parser's own ``parse``.
+
+On a str or a chat reply, ``parser.invoke`` is ``parse_result([Generation(text)])``,
+which for these exact classes is ``parse(text)``: so the primitive reads the decoded text
+directly (no ``AIMessage`` is built) and returns what the parser returns, raising its own
+``OutputParserException`` on bad output. Subclasses may override ``parse_result`` and run
+unchanged; so do parsers whose input is not known to be text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListOutputParser, JsonOutputParser,
+                                           MarkdownListOutputParser, NumberedListOutputParser)
+
+from ....ir.ops import Op
+from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering, single_output
+from ..values import ChatReply, Kind, Traced, Value
+
+LOWERED: set[type] = {JsonOutputParser, CommaSeparatedListOutputParser, NumberedListOutputParser,
+                      MarkdownListOutputParser}
+try:  # MultiQueryRetriever's "one query per line" parser, also used for sub-questions
+    from langchain_classic.retrievers.multi_query import LineListOutputParser
+    LOWERED.add(LineListOutputParser)
+except ImportError:  # langchain-classic is optional
+    LineListOutputParser = None
+
+
+@lowering(BaseOutputParser)
+def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
+    if type(parser) not in LOWERED:
+        raise CannotLower(f"no lowering rule for {type(parser).__name__}")
+    text = value.text if isinstance(value, ChatReply) else value
+    if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
+        raise CannotLower("input is not known to be a str or a chat reply")
+    parse = parser.parse
+
+    async def parse_output(text: str) -> Any:
+        return single_output(parse(text))
+
+    name = component_name(parser)
+    prim = t.add(Op.OPAQUE, name="parse", inputs={"text": text.ref}, outputs=[OUT], origin=name,
+                 attrs={"fn": parse_output, "pure": True})
+    source = text.tokens_from  # the decode this text is, if any: a `.map()` after it may pipeline
+    if type(parser) is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
+        return Traced(prim.out(OUT), lines_of=source)
+    return Traced(prim.out(OUT))

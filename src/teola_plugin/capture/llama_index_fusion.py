@@ -1,0 +1,159 @@
+"""``QueryFusionRetriever``: the LLM writes queries -> retrieval per query and retriever -> fusion.
+
+    query ─┬─ retriever_i(query)                         (as each retriever lowers)
+           └─ prompt -> llm_prefill -> llm_decode(parse="lines")
+                          └─ items -> embed -> vector_search   (per vector retriever; decode
+                                                                pipelining may run it per line)
+    all of it -> fuse: the retriever's own ``_retrieve`` replayed on these results
+
+Fidelity: the prompt is ``query_gen_prompt.format(...)`` sent as ``complete`` sends it;
+``fuse`` calls ``QueryFusionRetriever._get_queries`` and ``_retrieve`` themselves on a
+*replay* object whose LLM answer and sub-retrievals are the graph's, so the parsing
+(backtick strip, blank lines, the ``num_queries - 1`` cap), the ``(query_str, retriever)``
+result dict and every fusion mode are LlamaIndex's own code. The streamed retrieval runs on
+the decode's stripped lines; a generated query that is not the line at its position (only
+when backticks or exotic line breaks make LlamaIndex parse differently) is retrieved by the
+sub-retriever itself, and retrieved lines beyond the cap are ignored, so nothing changes the
+result. Retrievers that are not lowered as vector search retrieve the parsed queries in one
+CPU step after the decode.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
+from llama_index.core.retrievers.fusion_retriever import QueryFusionRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from ..ir import semantics
+from ..ir.node import Ref
+from ..ir.ops import Op
+from .llama_index import (
+    RETRIEVER_RULES,
+    EngineBackedLLM,
+    LlamaIndexTracer,
+    NotLowerable,
+    lowering_rule,
+)
+from .llama_index_models import embedder_engine_for
+from .llama_index_rules import check_vector_retriever, store_index
+
+CHARS_PER_TOKEN = 4
+
+
+@lowering_rule(RETRIEVER_RULES, QueryFusionRetriever)
+def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Ref:
+    origin = type(fusion).__name__
+    generates = fusion.num_queries > 1
+    llm = fusion._llm
+    if generates:
+        if not isinstance(llm, EngineBackedLLM) or not hasattr(llm, "completion_prompt"):
+            raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
+        if not tr.on_runtime(llm):
+            raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+
+    inputs: dict[str, Ref] = {"query": tr.query}
+    for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers
+        inputs[f"original{i}"] = tr.lower_retriever(retriever)
+    streamed: set[int] = set()
+    if generates:
+        text, items = _generate_queries(tr, fusion, llm, origin)
+        inputs["text"] = text
+        for i, retriever in enumerate(fusion._retrievers):
+            hits = _search_items(tr, retriever, items, fusion.num_queries - 1)
+            if hits is not None:
+                inputs[f"generated{i}"] = hits
+                streamed.add(i)
+    fuse = FusionReplay(fusion, streamed)
+    return tr.cpu_step("fuse", fuse, inputs, origin, pure=not fusion.object_map)
+
+
+def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, llm: Any, origin: str) -> tuple[Ref, Ref]:
+    """``_get_queries``'s LLM call: (decoded text, its stripped non-blank lines)."""
+    def prompt(query: QueryBundle) -> Any:
+        text = fusion.query_gen_prompt.format(num_queries=fusion.num_queries - 1, query=query.query_str)
+        return llm.completion_prompt(text)
+
+    request = tr.cpu_step("query_gen_prompt", prompt, {"query": tr.query}, origin)
+    prefill = tr.add(Op.LLM_PREFILL, inputs={"prompt": request}, engine=llm.engine_name, origin=origin,
+                     attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
+                            "est_prompt_tokens": len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16})
+    decode = tr.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
+                    attrs={"max_tokens": llm.max_tokens, "parse": "lines", "est_items": fusion.num_queries - 1})
+    return decode.out("text"), decode.out("items")
+
+
+def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> Ref | None:
+    """embed(items) -> vector_search, one hit list per generated line; None when
+    ``retriever`` is not a vector search the graph can reproduce."""
+    if type(retriever) is not VectorIndexRetriever:
+        return None
+    try:
+        check_vector_retriever(retriever)
+    except NotLowerable:
+        return None
+    engine_name, _ = embedder_engine_for(tr.ctx.runtime, retriever._embed_model)
+    if engine_name is None:
+        return None
+    origin = type(retriever).__name__
+    embed = tr.add(Op.EMBED, inputs={"texts": items}, engine=engine_name, attrs={"est_items": n},
+                   origin=origin)
+    index, engine = store_index(tr, retriever)
+    search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": embed.out()}, engine=engine,
+                    attrs={"top_k": retriever.similarity_top_k, "est_items": n}, origin=origin)
+    return search.out()
+
+
+class FusionReplay:
+    """The ``fuse`` step: the fusion retriever's own ``_retrieve`` on the graph's results."""
+
+    def __init__(self, fusion: QueryFusionRetriever, streamed: set[int]) -> None:
+        self.fusion = fusion
+        self.streamed = frozenset(streamed)
+        self.__qualname__ = "fuse[QueryFusionRetriever]"
+
+    def __call__(self, query: QueryBundle, text: str = "", **lists: Any) -> list[NodeWithScore]:
+        fusion = self.fusion
+        lines = semantics.parse_items(text, "lines") if text else []
+        retrievers = fusion._retrievers
+
+        def results_for(j: int, q: QueryBundle, i: int) -> list[NodeWithScore]:
+            if j == 0:
+                nodes = lists[f"original{i}"]
+            elif i in self.streamed and j - 1 < len(lines) and lines[j - 1] == q.query_str:
+                nodes = retrievers[i]._handle_recursive_retrieval(q, lists[f"generated{i}"][j - 1])
+            else:  # not retrieved in the graph: the sub-retriever's own retrieve
+                nodes = retrievers[i].retrieve(q)
+            # Fusion rescores in place; each plain retrieve returns fresh NodeWithScore objects.
+            return [n.model_copy() for n in nodes]
+
+        replay = _Replay(fusion, text, results_for)
+        nodes = type(fusion)._retrieve(replay, query)
+        return fusion._handle_recursive_retrieval(query, nodes)  # BaseRetriever.retrieve's last step
+
+
+class _Replay:
+    """Stands in for the fusion retriever inside its own methods: the LLM's answer and the
+    sub-retrievals come from the graph; everything else is the retriever's."""
+
+    use_async = False  # the sync path builds the same result dict as the async one
+
+    def __init__(self, fusion: QueryFusionRetriever, text: str, results_for: Any) -> None:
+        self._fusion = fusion
+        self._llm = SimpleNamespace(complete=lambda prompt, **_: SimpleNamespace(text=text))
+        self._results_for = results_for
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fusion, name)
+
+    def _get_queries(self, original_query: str) -> list[QueryBundle]:
+        return type(self._fusion)._get_queries(self, original_query)
+
+    def _run_sync_queries(self, queries: list[QueryBundle]) -> dict[tuple[str, int], list[NodeWithScore]]:
+        results = {}
+        for j, query in enumerate(queries):
+            for i in range(len(self._fusion._retrievers)):
+                results[(query.query_str, i)] = self._results_for(j, query, i)
+        return results

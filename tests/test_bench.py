@@ -1,0 +1,100 @@
+"""The end-to-end benchmark: a tiny run on the real engines (one app, one question, two
+systems, the bound, no load sweep), its results.json schema and its generated page; plus
+the pure pieces (answer scoring, the bound's critical path, the Poisson summary)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from teola_plugin.bench import metrics
+from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, query_bound
+from teola_plugin.bench.runner import poisson_summary
+from teola_plugin.ir.graph import PGraph
+from teola_plugin.ir.ports import PortType as T
+
+
+def test_exact_match_and_f1_follow_the_squad_rules():
+    assert metrics.exact_match("The Eiffel Tower.", ["eiffel tower"]) == 1.0
+    assert metrics.exact_match("Eiffel", ["eiffel tower"]) == 0.0
+    assert metrics.f1("Eiffel", ["eiffel tower"]) == pytest.approx(2 / 3)
+    assert metrics.f1("nothing alike", ["eiffel tower", "paris"]) == 0.0
+
+
+def test_latency_stats_of_nothing_say_so():
+    assert metrics.latency_stats([]) == {"mean_s": None, "p50_s": None, "p99_s": None, "n": 0}
+    assert metrics.latency_stats([1.0, 3.0])["mean_s"] == 2.0
+
+
+def _diamond() -> PGraph:
+    g = PGraph("diamond")
+    texts = g.input("texts", T.TEXTS)
+    a = g.add("embed", inputs={"texts": texts}, name="a")
+    b = g.add("embed", inputs={"texts": texts}, name="b")
+    g.output("out", g.add("aggregate", inputs={"in0": a.out(), "in1": b.out()}, attrs={"mode": "concat"},
+                          name="c").out())
+    return g
+
+
+def test_bound_is_the_critical_path_of_measured_durations_plus_time_outside_graphs():
+    handlers = IsolatingHandlers()
+    graph = _diamond()
+    handlers.runs[id(graph)] = RunRecord(graph, started=0.0, ended=6.0, durations={"a": 2.0, "b": 3.0, "c": 1.0})
+    bound = query_bound(handlers, wall_s=7.0)  # serial run: 6 s in the graph, 1 s outside it
+    assert bound["critical_path_s"] == pytest.approx(4.0)  # b then c; a overlaps b
+    assert bound["outside_graph_s"] == pytest.approx(1.0)
+    assert bound["bound_s"] == pytest.approx(5.0)
+
+
+def test_an_expanded_node_costs_its_sub_graphs_critical_path():
+    handlers = IsolatingHandlers()
+    parent, child = _diamond(), _diamond()
+    handlers.runs[id(parent)] = RunRecord(parent, 0.0, 1.0, {"a": 0.1, "b": 0.5, "c": 0.1}, {"a": child})
+    handlers.runs[id(child)] = RunRecord(child, 1.0, 4.0, {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert query_bound(handlers, wall_s=4.0)["critical_path_s"] == pytest.approx(0.1 + 2.0 + 0.1)
+
+
+def test_poisson_summary_finds_where_plain_concurrent_saturates():
+    row = lambda system, rate, thr, p99: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
+                                          "p99_s": p99, "n": 5}
+    rows = [row("plain-concurrent", 0.5, 0.5, 4.0), row("teola-full", 0.5, 0.5, 3.0),
+            row("plain-concurrent", 1.0, 0.6, 20.0), row("teola-full", 1.0, 0.95, 5.0)]
+    summary = poisson_summary(rows)
+    assert summary["saturation_rate_qps"] == 1.0 and summary["saturated"]
+    assert summary["p99_ratio"] == pytest.approx(4.0)
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
+    from teola_plugin.bench import report
+    from teola_plugin.bench.runner import Bench, BenchConfig
+
+    config = BenchConfig(apps=["search_gen"], questions=1, systems=["plain-sequential", "teola-full"],
+                         poisson_apps=[], max_tokens=16, mode="test", command="pytest tests/test_bench.py")
+    saved = runtime.handlers
+    runtime.handlers = IsolatingHandlers()  # the bound needs the measuring handlers
+    try:
+        results = Bench(config, runtime=runtime).run()
+    finally:
+        runtime.handlers = saved
+    written = report.generate(results, tmp_path / "benchmarks", tmp_path / "benchmarks.md")
+
+    data = json.loads(written["results"].read_text())
+    assert data["machine"] and data["mode"] == "test"
+    app = data["apps"]["search_gen"]
+    assert app["errors"] == []
+    for system in ("plain-sequential", "teola-full"):
+        stats = app["systems"][system]
+        assert set(stats) >= {"mean_s", "p50_s", "p99_s", "n", "fidelity", "em", "f1"}
+        assert stats["n"] == 1 and stats["mean_s"] > 0
+        assert 0.0 <= stats["fidelity"] <= 1.0
+    assert app["systems"]["plain-sequential"]["fidelity"] == 1.0  # the reference agrees with itself
+    assert app["bound_mean_s"] > 0 and app["bounds"][0]["critical_path_s"] > 0
+    assert 0.0 <= app["plain_outside_llm_share"] <= 1.0
+    assert [r["answer"] for r in app["runs"] if r["system"] == "teola-full"][0]  # a real answer came back
+    page = written["page"].read_text()
+    assert "pytest tests/test_bench.py" in page and "| teola-full | 1 |" in page
+    for name in ("cdf", "speedup", "gantt_search_gen"):
+        assert written[name].read_bytes()[:4] == b"\x89PNG"

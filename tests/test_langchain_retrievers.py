@@ -1,0 +1,159 @@
+"""TeolaRunnable on composite retrievers and other stores / models, on real engines.
+
+Ensemble (weighted reciprocal rank fusion by the retriever's own code), contextual
+compression with the plugin's ``TeolaReranker`` (lowered to ``rerank``) or another
+compressor (opaque), a Chroma store searched in place, and LangChain's ``VLLM`` mapped
+onto the session's vLLM engine. Same documents, same prompts, same outputs as LangChain.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from langchain_classic.retrievers import ContextualCompressionRetriever, EnsembleRetriever
+from langchain_classic.retrievers.document_compressors import EmbeddingsFilter
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnablePassthrough
+
+from teola_plugin import datasets
+from teola_plugin.langchain import TeolaEmbeddings, TeolaLLM, TeolaReranker, TeolaRunnable
+from teola_plugin.runtime.policies import Priority
+from tests.test_langchain import QA_TEMPLATE, QUESTIONS, engine_prompts, format_docs, retriever  # noqa: F401
+
+
+class TitleRetriever(BaseRetriever):
+    """A keyword retriever the tracer does not know (runs opaque): passages whose title
+    shares a word with the query, in corpus order."""
+
+    passages: list
+    k: int = 3
+
+    def _get_relevant_documents(self, query, *, run_manager):
+        from langchain_core.documents import Document
+
+        words = {w.strip("?,.").lower() for w in query.split()}
+        hits = [p for p in self.passages if words & {w.lower() for w in p.title.replace("_", " ").split()}]
+        return [Document(page_content=p.text, metadata={"title": p.title}, id=p.id) for p in hits[:self.k]]
+
+
+@pytest.fixture(scope="module")
+def passages():
+    return datasets.load_corpus("squad-xquad-en")[:30]
+
+
+def ops_of(fast, x):
+    return [p.op.value for p in fast.trace(x)]
+
+
+def test_ensemble_fuses_the_same_lists_the_same_way(runtime, retriever, passages):
+    keyword = TitleRetriever(passages=passages)
+    ensemble = EnsembleRetriever(retrievers=[retriever, keyword], weights=[0.6, 0.4])
+    fast = TeolaRunnable(ensemble, runtime=runtime)
+    for q in QUESTIONS:
+        expected = ensemble.invoke(q)
+        assert fast.invoke(q) == expected and expected
+    ops = ops_of(fast, QUESTIONS[0])
+    assert {"embed", "vector_search"} <= set(ops)
+    opaque = fast.explain(QUESTIONS[0]).split("Opaque components")[1]
+    assert "TitleRetriever" in opaque and "rank_fusion" not in opaque and "Ensemble" not in opaque
+
+
+def test_reranker_compression_is_lowered_and_equals_the_compressor(runtime, retriever):
+    wide = retriever.vectorstore.as_retriever(search_kwargs={"k": 6})
+    reranker = TeolaReranker(runtime=runtime, top_n=2)
+    compression = ContextualCompressionRetriever(base_compressor=reranker, base_retriever=wide)
+    prompt = PromptTemplate.from_template(QA_TEMPLATE)
+    chain = ({"context": compression | format_docs, "question": RunnablePassthrough()}
+             | prompt | TeolaLLM(runtime=runtime, max_tokens=10) | StrOutputParser())
+    fast_retriever = TeolaRunnable(compression, runtime=runtime)
+    for q in QUESTIONS:
+        expected = compression.invoke(q)
+        got = fast_retriever.invoke(q)
+        assert got == expected and len(got) == 2
+        assert all("relevance_score" in d.metadata for d in got)
+        assert got[0].metadata["relevance_score"] >= got[1].metadata["relevance_score"]
+        docs = wide.invoke(q)  # the compressor on its own: the same documents
+        assert list(reranker.compress_documents(docs, q)) == expected
+        assert all("relevance_score" not in d.metadata for d in docs)  # the caller's docs unchanged
+    assert "rerank" in ops_of(fast_retriever, QUESTIONS[0])
+    assert "Opaque components: none" in fast_retriever.explain(QUESTIONS[0])
+    assert TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1]) == chain.invoke(QUESTIONS[1])
+
+
+def test_other_compressors_run_unchanged_with_a_reason(runtime, retriever):
+    compressor = EmbeddingsFilter(embeddings=TeolaEmbeddings(runtime=runtime), similarity_threshold=0.3)
+    compression = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=retriever)
+    fast = TeolaRunnable(compression, runtime=runtime)
+    for q in QUESTIONS[:2]:
+        assert fast.invoke(q) == compression.invoke(q)
+    explanation = fast.explain(QUESTIONS[0])
+    assert "EmbeddingsFilter" in explanation and "is not a TeolaReranker" in explanation
+    assert "vector_search" in ops_of(fast, QUESTIONS[0])  # the base retriever is still lowered
+
+
+def test_chroma_store_is_searched_in_place(runtime, passages):
+    from langchain_chroma import Chroma
+
+    store = Chroma(collection_name="teola_lc_test", embedding_function=TeolaEmbeddings(runtime=runtime))
+    try:
+        store.add_texts([p.text for p in passages], metadatas=[{"title": p.title} for p in passages],
+                        ids=[p.id for p in passages])
+        chroma = store.as_retriever(search_kwargs={"k": 3})
+        fast = TeolaRunnable(chroma, runtime=runtime)
+        for q in QUESTIONS:
+            expected = chroma.invoke(q)
+            assert fast.invoke(q) == expected and len(expected) == 3
+        assert ops_of(fast, QUESTIONS[0]) == ["aggregate", "embed", "vector_search", "aggregate"]
+        filtered = TeolaRunnable(store.as_retriever(search_kwargs={"k": 2, "filter": {"title": "x"}}),
+                                 runtime=runtime)
+        assert "search_kwargs ['filter']" in filtered.explain(QUESTIONS[0])
+    finally:
+        store.delete_collection()
+
+
+class EngineClient:
+    """Stands in for the ``vllm.LLM`` that ``VLLM`` would load in-process (a second copy of
+    the model does not fit this test machine): the same generation on the session's vLLM
+    engine, with the ``SamplingParams`` that ``VLLM._generate`` built."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def generate(self, prompts, sampling_params):
+        pool = self.runtime.engines("llm")
+
+        async def one(prompt):
+            generation, _ = await pool.submit("generate", {"prompt": prompt, "params": sampling_params},
+                                              Priority())
+            return SimpleNamespace(outputs=[SimpleNamespace(text=generation.text)])
+
+        return [self.runtime.run_sync(one(p)) for p in prompts]
+
+
+def test_langchain_vllm_is_mapped_onto_the_engine_serving_its_model(runtime, engine_prompts):
+    from langchain_community.llms import VLLM
+
+    from teola_plugin.langchain.runnable import llm_engine_models
+
+    served = llm_engine_models(runtime)["llm"]
+    # model_construct skips VLLM's validator, which would load the model in this process.
+    vllm = VLLM.model_construct(model=served, temperature=0.0, max_new_tokens=12, client=EngineClient(runtime))
+    prompt = PromptTemplate.from_template("Q: {question}\nA:")
+    chain = prompt | vllm.bind(stop=["\n"]) | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    for q in QUESTIONS[:2]:
+        engine_prompts.clear()
+        expected = chain.invoke({"question": q})
+        plain_prompts = list(engine_prompts)
+        engine_prompts.clear()
+        assert fast.invoke({"question": q}) == expected
+        assert engine_prompts == plain_prompts == [prompt.invoke({"question": q}).to_string()]
+    (prefill,) = [p for p in fast.trace({"question": "x"}) if p.op.value == "llm_prefill"]
+    assert prefill.engine == "llm" and prefill.attrs["sampling_params"]["stop"] == ["\n"]
+    assert "Opaque components: none" in fast.explain({"question": "x"})
+    other = VLLM.model_construct(model="some/other-model", max_new_tokens=12)
+    explanation = TeolaRunnable(prompt | other, runtime=runtime).explain({"question": "x"})
+    assert "VLLM" in explanation and "is not the model of a Teola LLM engine" in explanation

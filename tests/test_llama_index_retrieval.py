@@ -1,0 +1,128 @@
+"""QueryFusionRetriever, BM25Retriever, LLMRerank and the opaque-component warning under
+TeolaExecutor vs plain LlamaIndex, on the real engines (greedy decoding).
+
+Query fusion makes one LLM call, so its prompt and (greedy) answer are the same on both
+paths; the generated queries are then embedded together with the original one, so scores
+are compared to 1e-5. LLMRerank's batches are independent calls that Teola decodes
+concurrently, and vLLM batching alone can change greedy tokens, so for it the requests
+and the retrieved node ids are compared, not the reranked order.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from llama_index.core import Settings
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.postprocessor import LLMRerank
+from llama_index.core.postprocessor.sbert_rerank import SentenceTransformerRerank
+from llama_index.core.retrievers import QueryFusionRetriever
+
+from teola_plugin.capture import llama_index as capture
+from tests.test_llama_index import (  # noqa: F401  (module fixtures reused)
+    QUESTIONS,
+    executor,
+    ids,
+    index,
+    llm,
+    plain_prompts,
+    plain_settings,
+    teola_prompts,
+)
+
+pytestmark = pytest.mark.slow
+MODES = ["reciprocal_rerank", "relative_score", "dist_based_score", "simple"]
+
+
+def fusion(retrievers, llm, mode, **kwargs):
+    return QueryFusionRetriever(retrievers, llm=llm, mode=mode, num_queries=3, similarity_top_k=4, **kwargs)
+
+
+def assert_same_nodes(teola, plain):
+    assert ids(teola) == ids(plain) and plain
+    assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-5)
+
+
+def test_query_fusion_matches_plain_llamaindex_in_every_mode(runtime, index, llm, executor):
+    question = QUESTIONS[1]
+    for mode in MODES:
+        retriever = fusion([index.as_retriever(similarity_top_k=3)], llm, mode, use_async=mode == "simple")
+        with plain_prompts() as sent_plain:
+            plain = retriever.retrieve(question)
+        with teola_prompts(runtime) as sent_teola:
+            teola = executor.retrieve(retriever, question)
+        assert sent_teola == sent_plain and len(sent_plain) == 1  # the query-generation call
+        assert_same_nodes(teola, plain)
+    # The generated queries are searched per decoded line (decode pipelining).
+    graph = executor._prepare(executor.trace(retriever))
+    decode = next(p for p in graph.nodes if p.op.value == "llm_decode")
+    assert decode.attrs.get("stream_items") and decode.attrs["parse"] == "lines"
+    assert any(p.attrs.get("stream_from") == decode.name for p in graph.nodes if p.op.value == "vector_search")
+    assert executor.traced(retriever).opaque == []
+
+
+def test_query_fusion_over_vector_and_bm25_retrievers(runtime, index, llm, executor):
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    bm25 = BM25Retriever.from_defaults(index=index, similarity_top_k=3)
+    retriever = fusion([index.as_retriever(similarity_top_k=3), bm25], llm, "reciprocal_rerank")
+    assert executor.traced(retriever).opaque == []  # BM25 is a CPU step, not an opaque one
+    question = QUESTIONS[2]
+    plain = retriever.retrieve(question)
+    Settings.executor = executor  # through the drop-in hook
+    teola = retriever.retrieve(question)
+    assert_same_nodes(teola, plain)
+    assert ids(bm25.retrieve(question)) == ids(executor.retrieve(bm25, question))
+
+
+class Broken(BaseRetriever):
+    def _retrieve(self, query_bundle):
+        raise KeyError("shard 7 is offline")
+
+
+def test_a_failing_sub_retriever_raises_the_same_error(index, llm, executor):
+    retriever = fusion([index.as_retriever(similarity_top_k=2), Broken()], llm, "simple", use_async=False)
+    with pytest.raises(KeyError, match="shard 7 is offline"):
+        retriever.retrieve(QUESTIONS[0])
+    with pytest.raises(KeyError, match="shard 7 is offline"):
+        executor.retrieve(retriever, QUESTIONS[0])
+
+
+def test_llm_rerank_sends_the_same_batched_requests(runtime, index, llm, executor):
+    rerank = LLMRerank(llm=llm, choice_batch_size=2, top_n=2)
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=4, node_postprocessors=[rerank])
+    question = QUESTIONS[0]
+    retrieved = ids(index.as_retriever(similarity_top_k=4).retrieve(question))
+
+    def run(call, recorder):
+        with recorder as sent:
+            try:
+                outcome = ids(call(question).source_nodes)
+            except Exception as exc:  # the small model may answer outside the choice format
+                outcome = type(exc)
+        rerank_requests = sorted(repr(p) for p in sent if "A list of documents is shown below" in repr(p))
+        return outcome, rerank_requests
+
+    plain, plain_requests = run(query_engine.query, plain_prompts())
+    teola, teola_requests = run(lambda q: executor.query(query_engine, q), teola_prompts(runtime))
+    assert len(plain_requests) == 2 and teola_requests == plain_requests  # two batches of two nodes
+    if isinstance(teola, list):
+        assert set(teola) <= set(retrieved) and len(teola) <= 2
+    text = executor.explain(query_engine)
+    assert "llm_rerank (LLMRerank)" in text and "Opaque components: none" in text
+
+
+def test_cross_encoder_rerank_stays_opaque_and_warns_once(index, llm, executor, caplog):
+    # model_construct: no CrossEncoder weights are loaded (none exist offline).
+    rerank = SentenceTransformerRerank.model_construct(top_n=2, model="cross-encoder/ms-marco-MiniLM-L-6-v2",
+                                                       device="cpu", keep_retrieval_score=False)
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=[rerank])
+    capture._WARNED.discard(SentenceTransformerRerank)
+    with caplog.at_level(logging.WARNING, logger="teola_plugin"):
+        text = executor.explain(query_engine)
+        executor.trace(query_engine)
+    assert "SentenceTransformerRerank" in text and "cross-encoder" in text and "bi-encoder" in text
+    warnings = [r for r in caplog.records if "SentenceTransformerRerank" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert warnings[0].name.startswith("teola_plugin") and "bi-encoder" in warnings[0].getMessage()

@@ -1,0 +1,93 @@
+"""Cancellation and timeouts leave nothing behind: no vLLM request generating for nobody,
+no queue entry, no engine slot, no open stream (real engines, Ray-hosted).
+
+tests/test_runtime.py cancels a GraphRun mid-decode; these cancel through the public
+LangChain entry point (``ainvoke``), time a query out while its stream is still being
+opened inside the actor, and cancel requests queued inside an engine actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+
+from teola_plugin.errors import QueryTimeoutError
+from teola_plugin.ir.graph import PGraph
+from teola_plugin.ir.ports import PortType as T
+from teola_plugin.langchain import TeolaLLM, TeolaRunnable
+from tests.reliability import engine_state, wait_idle
+
+pytestmark = pytest.mark.slow
+
+
+def test_cancelling_ainvoke_aborts_its_generation_and_frees_the_engine(runtime, call):
+    chain = PromptTemplate.from_template("{start}") | TeolaLLM(runtime=runtime, max_tokens=1500) | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+
+    async def cancel_mid_generation():
+        task = asyncio.ensure_future(fast.ainvoke({"start": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}))
+        generating = 0
+        for _ in range(300):  # until vLLM is generating for it (bounded: 60 s)
+            await asyncio.sleep(0.2)
+            generating = (await asyncio.wrap_future(runtime.submit(engine_state(runtime))))["llm"]["vllm_unfinished"]
+            if generating or task.done():
+                break
+        assert generating == 1 and not task.done(), "the generation should be running when cancelled"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_mid_generation())
+    assert call(wait_idle(runtime, 30)) == {}  # vLLM aborted it; slots, streams, queues free
+    # and the engine serves the next request normally
+    assert call(runtime.engines("llm").call("generate", "Hi", {"max_tokens": 2})).text
+
+
+def test_a_timeout_while_the_stream_is_being_opened_closes_it_in_the_actor(runtime, call):
+    """The query times out while the actor is still prefilling (open_stream in flight): the
+    stream the actor opens must not stay open, holding an engine slot and generating."""
+    g = PGraph("long_prefill")
+    q = g.input("question", T.TEXT)
+    f = g.add("format", inputs={"question": q}, attrs={"parts": [{"var": "question"}]})
+    p = g.add("llm_prefill", inputs={"prompt": f.out()},
+              attrs={"sampling_params": {"temperature": 0.0, "max_tokens": 200, "ignore_eos": True}})
+    g.output("text", g.add("llm_decode", inputs={"state": p.out()}).out("text"))
+    for timeout in (0.05, 0.5):  # in the actor's admission / in the prefill
+        # ~2,000 fresh tokens (nothing in the prefix cache): a prefill of seconds on a CPU
+        long_prompt = " ".join(f"w{timeout}x{i}" for i in range(350))
+        with pytest.raises(QueryTimeoutError):
+            call(runtime.execute(g, {"question": long_prompt}, timeout_s=timeout))
+    assert call(wait_idle(runtime, 60)) == {}
+
+
+def test_cancelled_requests_queued_in_an_engine_actor_never_run(runtime, call):
+    """Requests waiting in the embedder actor's queue behind a long batch are dropped there
+    when their queries are cancelled (the actor is told), not run for nobody."""
+    g = PGraph("embed_many")
+    texts = g.input("texts", T.TEXTS)
+    g.output("vectors", g.add("embed", inputs={"texts": texts}).out())
+    pool = runtime.engines("embedder")
+    long_text = "the quick brown fox jumps over the lazy dog " * 40
+    blocker_texts = [f"{i} {long_text}" for i in range(48)]  # one full batch (item cap 48): ~1-2 s
+
+    async def cancel_queued():
+        before = sum(s["batches_run"] for s in await pool.stats())
+        blocker = asyncio.create_task(runtime.execute(g, {"texts": blocker_texts}, timeout_s=120))
+        await asyncio.sleep(0.05)
+        doomed = [asyncio.create_task(runtime.execute(g, {"texts": [f"q{i} {long_text}"] * 40}, timeout_s=120))
+                  for i in range(8)]  # 40 items each: one batch each, were they run
+        await asyncio.sleep(0.3)
+        for t in doomed:
+            t.cancel()
+        await asyncio.gather(*doomed, return_exceptions=True)
+        vectors = (await blocker)["vectors"]
+        left = await wait_idle(runtime, 30)
+        after = sum(s["batches_run"] for s in await pool.stats())
+        return vectors, left, after - before
+
+    vectors, left, batches = call(cancel_queued())
+    assert len(vectors) == 48 and left == {}
+    assert batches <= 3, f"{batches} embed batches ran: cancelled requests were run anyway"

@@ -1,0 +1,82 @@
+"""Exposure: what the embedded Ray runtime opens, and that nothing loads code or pickles
+from an untrusted path.
+
+Measured (docs/reliability.md): Ray's gRPC servers (GCS, raylet, object manager, workers)
+listen on every interface whatever the node address, so the embedded runtime turns on
+Ray's token authentication with a fresh per-process token (unless ``RAY_AUTH_MODE`` is
+set): a process without the token cannot join. The dashboard and the Ray Client server
+are not started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.reliability import repo_root
+
+PROBE = textwrap.dedent("""
+    import json, os, subprocess, sys
+    import psutil
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        os.environ.pop(k, None)  # as a user who set nothing
+    from teola_plugin.runtime.runtime import Runtime
+    rt = Runtime({}).start()
+    import ray
+    gcs = ray.get_runtime_context().gcs_address
+    mine = {p.pid for p in psutil.process_iter() if p.pid == os.getpid() or os.getpid() in
+            [a.pid for a in p.parents()] or "ray" in " ".join(p.cmdline()[:2]).lower()}
+    listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
+                        if c.status == "LISTEN" and c.pid in mine})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    joins = {}
+    for name, extra in {"no token": {"RAY_AUTH_MODE": "disabled"},
+                        "wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+                        "the token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"]}}.items():
+        r = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('JOINED')"],
+                           env={**env, **extra}, capture_output=True, text=True, timeout=240)
+        joins[name] = "JOINED" in r.stdout
+    print(json.dumps({"mode": os.environ["RAY_AUTH_MODE"], "token_len": len(os.environ.get("RAY_AUTH_TOKEN", "")),
+                      "node_ip": ray.util.get_node_ip_address(), "listening": listening, "joins": joins,
+                      "token_file": os.path.exists(os.path.expanduser("~/.ray/auth_token"))}))
+    rt.shutdown()
+""")
+
+
+@pytest.mark.slow
+def test_embedded_ray_requires_a_token_and_opens_no_dashboard_or_client_port():
+    import json
+
+    had_token_file = os.path.exists(os.path.expanduser("~/.ray/auth_token"))
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, cwd=repo_root())
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["mode"] == "token" and report["token_len"] == 64
+    # others cannot use the ports; with the token one can (so the refusals are the token's doing)
+    assert report["joins"] == {"no token": False, "wrong token": False, "the token": True}
+    assert report["node_ip"] == "127.0.0.1"
+    ports = {port for _, port in report["listening"]}
+    assert 8265 not in ports and 10001 not in ports  # no dashboard, no Ray Client server
+    assert report["token_file"] == had_token_file  # the token lives in memory, not on disk
+
+
+RISKY = re.compile(r"\b(pickle\.loads?|cloudpickle\.loads?|torch\.load|joblib\.load|dill\.loads?|marshal\.loads|"
+                   r"shelve\.open|eval\(|exec\(|trust_remote_code\s*=\s*True|__import__\()")
+
+
+def test_the_library_never_unpickles_evals_or_trusts_remote_code():
+    """Models load from safetensors; engine classes are imported by the "module:Class" name
+    the user configured (EngineSpec), never from a path found in data."""
+    found = []
+    for path in (repo_root() / "src" / "teola_plugin").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if RISKY.search(code) and ".eval()" not in code:
+                found.append(f"{path.relative_to(repo_root())}:{n}: {line.strip()}")
+    assert found == []
