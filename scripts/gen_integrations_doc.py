@@ -50,9 +50,13 @@ def first_sentence(doc: str | None) -> str:
     if not doc:
         return ""
     para = inspect.cleandoc(doc).split("\n\n", 1)[0]
-    text = " ".join(para.split())
-    match = re.match(r"(.+?[.:;])(\s|$)", text)
-    return (match.group(1) if match else text).rstrip(":;.") + "."
+    return _sentence(" ".join(para.split()))
+
+
+def _sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence (not the one of "e.g.")."""
+    match = re.match(r"(.+?)(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
+    return (match.group(1) if match else text).rstrip(":;. ") + "."
 
 
 def _literal(node: ast.AST) -> str:
@@ -110,14 +114,15 @@ def module_bullet(cls: type, module_doc: str | None) -> str:
         return ""
     for bullet in re.split(r"\n(?=[*-] )", inspect.cleandoc(module_doc))[1:]:
         if re.search(rf"\b{re.escape(cls.__name__)}\b", bullet):
-            return " ".join(bullet.split("\n\n", 1)[0].lstrip("*- ").split())
+            return _sentence(" ".join(bullet.split("\n\n", 1)[0].lstrip("*- ").split()))
     return ""
 
 
 def what(cls: type, rule: Callable[..., Any]) -> str:
-    """The rule's docstring, else its module docstring's bullet on ``cls``, else its summary."""
+    """The rule module's docstring bullet on ``cls``, else the rule's docstring, else the
+    module's summary (the first sentence of each)."""
     module_doc = inspect.getmodule(rule).__doc__
-    return (first_sentence(rule.__doc__) or module_bullet(cls, module_doc) or first_sentence(module_doc))
+    return (module_bullet(cls, module_doc) or first_sentence(rule.__doc__) or first_sentence(module_doc))
 
 
 def cell(text: str) -> str:

@@ -58,12 +58,15 @@ def test_an_expanded_node_costs_its_sub_graphs_critical_path():
 
 def test_poisson_summary_finds_where_plain_concurrent_saturates():
     row = lambda system, rate, thr, p99: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
-                                          "p99_s": p99, "n": 5}
+                                          "p99_s": p99, "mean_s": p99, "n": 5}
     rows = [row("plain-concurrent", 0.5, 0.5, 4.0), row("teola-full", 0.5, 0.5, 3.0),
             row("plain-concurrent", 1.0, 0.6, 20.0), row("teola-full", 1.0, 0.95, 5.0)]
     summary = poisson_summary(rows)
     assert summary["saturation_rate_qps"] == 1.0 and summary["saturated"]
     assert summary["p99_ratio"] == pytest.approx(4.0)
+    # latency alone also marks saturation: mean 4 s at 0.5 q/s is over twice an unloaded 1.5 s
+    assert poisson_summary(rows, unloaded_s=1.5)["saturation_rate_qps"] == 0.5
+    assert poisson_summary(rows, unloaded_s=3.0)["saturation_rate_qps"] == 1.0
 
 
 @pytest.mark.slow

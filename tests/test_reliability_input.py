@@ -147,8 +147,13 @@ def test_executor_rejects_wrong_types_and_stays_usable(runtime):
             executor.query(target, "q")
         with pytest.raises(TypeError, match="takes a"):
             executor.retrieve(target, "q")
-    for q in ("", "\x00\x1b", "é" * 3000):  # odd but valid text: answered
+    for q in ("\x00\x1b", "é" * 3000, " "):  # odd but valid text: answered
         assert len(executor.retrieve(retriever, q)) == 2
+    # An empty query has nothing to embed: plain LlamaIndex fails deep inside (TypeError on
+    # None); through Teola it is LlamaIndex's own ValueError, naming the step it came from.
+    with pytest.raises(ValueError, match="No embeddings to aggregate") as empty:
+        executor.retrieve(retriever, "")
+    assert any("query_vector" in note for note in empty.value.__notes__)
     nodes = executor.retrieve(retriever, "Which NFL team represented the AFC at Super Bowl 50?")
     assert len(nodes) == 2 and all(n.node.get_content() for n in nodes)
 

@@ -32,12 +32,11 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import (
     RETRIEVER_RULES,
-    EngineBackedLLM,
     LlamaIndexTracer,
     NotLowerable,
     lowering_rule,
 )
-from .llama_index_models import embedder_engine_for
+from .llama_index_models import embedder_engine_for, engine_llm
 from .llama_index_rules import check_vector_retriever, store_index
 
 CHARS_PER_TOKEN = 4
@@ -47,12 +46,7 @@ CHARS_PER_TOKEN = 4
 def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Ref:
     origin = type(fusion).__name__
     generates = fusion.num_queries > 1
-    llm = fusion._llm
-    if generates:
-        if not isinstance(llm, EngineBackedLLM) or not hasattr(llm, "completion_prompt"):
-            raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
-        if not tr.on_runtime(llm):
-            raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+    llm = engine_llm(tr.ctx.runtime, fusion._llm) if generates else None
 
     inputs: dict[str, Ref] = {"query": tr.query}
     for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers

@@ -74,3 +74,85 @@ def _register_bm25() -> None:
 
 
 _register_bm25()
+
+
+# -- LLMs --------------------------------------------------------------------------------------
+def engine_llm(runtime: Any, llm: Any) -> Any:
+    """What sends ``llm``'s requests to a runtime engine (an ``EngineBackedLLM``), or raise
+    ``NotLowerable`` saying why it cannot."""
+    from llama_index.core.llms.structured_llm import StructuredLLM
+
+    from .llama_index import EngineBackedLLM, NotLowerable
+
+    if isinstance(llm, EngineBackedLLM) and not isinstance(llm, StructuredLLM):
+        if getattr(llm, "runtime", None) is not runtime:
+            raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+        return llm
+    if type(llm).__name__ == "Vllm" and type(llm).__module__.startswith("llama_index.llms.vllm"):
+        return VllmRequests.for_runtime(runtime, llm)
+    raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
+
+
+# Vllm fields that must keep vLLM's defaults: the Teola engine request carries only the rest.
+_VLLM_DEFAULTS = {"n": 1, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                  "ignore_eos": False, "logprobs": None}
+
+
+class VllmRequests:
+    """LlamaIndex's in-process ``Vllm`` LLM, answered by the runtime's vLLM engine instead of
+    a second copy of the model: allowed only when the engine serves the same model directory
+    and the sampling parameters are ones the engine request carries. The request is what
+    ``Vllm`` itself would generate from: ``predict`` formats the prompt (``_get_prompt``; a
+    completion model) and ``complete`` sends it unchanged with ``_model_kwargs``."""
+
+    def __init__(self, runtime: Any, llm: Any, engine: str) -> None:
+        self.runtime = runtime
+        self.llm = llm
+        self.engine_name = engine
+        self.max_tokens = llm.max_new_tokens
+        self.output_parser = llm.output_parser
+
+    @classmethod
+    def for_runtime(cls, runtime: Any, llm: Any) -> VllmRequests:
+        from .llama_index import NotLowerable
+
+        if llm.is_chat_model:
+            raise NotLowerable("Vllm with is_chat_model=True is not lowered")
+        changed = sorted(k for k, v in _VLLM_DEFAULTS.items() if getattr(llm, k, v) != v)
+        if changed:
+            raise NotLowerable(f"Vllm sampling settings {changed} are not carried by the engine request")
+        specs = getattr(runtime, "specs", {})
+        name = next((n for n, s in specs.items() if s.kind == "llm"), None)
+        if name is None:
+            raise NotLowerable("the runtime has no LLM engine")
+        served = runtime.run_sync(_describe(runtime, name))["model"]
+        if not _same_dir(llm.model, served):
+            raise NotLowerable(f"Vllm model {llm.model!r} is not the model the engine serves ({served})")
+        return cls(runtime, llm, name)
+
+    def sampling_params(self, **overrides: Any) -> dict[str, Any]:
+        llm = self.llm
+        params = {"temperature": llm.temperature, "max_tokens": llm.max_new_tokens, "top_p": llm.top_p,
+                  "top_k": llm.top_k, "stop": llm.stop}
+        return {k: v for k, v in params.items() if v is not None}
+
+    def engine_prompt(self, template: Any, /, **prompt_args: Any) -> str:
+        return self.llm._get_prompt(template, **prompt_args)
+
+    def completion_prompt(self, prompt: str) -> str:
+        return prompt  # Vllm.complete sends the prompt as given
+
+    def parse_output(self, text: str) -> str:
+        return self.llm._parse_output(text)
+
+
+async def _describe(runtime: Any, name: str) -> dict[str, Any]:
+    await runtime.start_engines(name)
+    return await runtime.engines(name).call("describe")
+
+
+def _same_dir(a: Any, b: Any) -> bool:
+    try:
+        return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve() and Path(str(a)).is_dir()
+    except OSError:
+        return False

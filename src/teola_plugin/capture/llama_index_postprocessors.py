@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.postprocessor.llm_rerank import LLMRerank
 from llama_index.core.postprocessor.sbert_rerank import SentenceTransformerRerank
 from llama_index.core.schema import NodeWithScore, QueryBundle
@@ -28,18 +27,15 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..runtime.handlers import Expansion
-from .llama_index import POSTPROCESSOR_RULES, EngineBackedLLM, LlamaIndexTracer, NotLowerable, lowering_rule
+from .llama_index import POSTPROCESSOR_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
+from .llama_index_models import engine_llm
 from .llama_index_synthesis import cpu_step, llm_call
 
 
 @lowering_rule(POSTPROCESSOR_RULES, LLMRerank)
 def lower_llm_rerank(tr: LlamaIndexTracer, rerank: LLMRerank, nodes: Ref) -> Ref:
-    llm = rerank.llm
-    if not isinstance(llm, EngineBackedLLM) or isinstance(llm, StructuredLLM):
-        raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
-    if not tr.on_runtime(llm):
-        raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
-    planner = LLMRerankPlanner(rerank, tr.ctx.prepare_expansion)
+    requests = engine_llm(tr.ctx.runtime, rerank.llm)
+    planner = LLMRerankPlanner(rerank, requests, tr.ctx.prepare_expansion)
     ref = tr.cpu_step("llm_rerank", planner, {"nodes": nodes, "query": tr.query}, type(rerank).__name__, pure=False)
     tr.note(ref.node, rerank, "expands", "expands at run time into one independent prompt -> llm_prefill -> "
             f"llm_decode chain per batch of {rerank.choice_batch_size} nodes, then LLMRerank's own parse and sort")
@@ -49,8 +45,9 @@ def lower_llm_rerank(tr: LlamaIndexTracer, rerank: LLMRerank, nodes: Ref) -> Ref
 class LLMRerankPlanner:
     """The ``llm_rerank`` primitive's function: (nodes, query) -> Expansion -> reranked nodes."""
 
-    def __init__(self, rerank: LLMRerank, prepare: Any) -> None:
+    def __init__(self, rerank: LLMRerank, requests: Any, prepare: Any) -> None:
         self.rerank = rerank
+        self.requests = requests  # builds the engine requests of rerank.llm
         self.prepare = prepare
         self.__qualname__ = "llm_rerank[LLMRerank]"
 
@@ -60,7 +57,7 @@ class LLMRerankPlanner:
             return rerank.postprocess_nodes(nodes, query_bundle=query)
         origin = type(rerank).__name__
         graph = PGraph(origin)
-        answers = [llm_call(graph, rerank.llm, rerank.choice_select_prompt,
+        answers = [llm_call(graph, self.requests, rerank.choice_select_prompt,
                             rerank._get_predict_kwargs(batch, query.query_str), origin)
                    for batch in rerank._get_node_batches(nodes)]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
-from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.postprocessor import (
     LongContextReorder,
     MetadataReplacementPostProcessor,
@@ -45,11 +44,11 @@ from .llama_index import (
     QUERY_ENGINE_RULES,
     RETRIEVER_RULES,
     SYNTHESIZER_RULES,
-    EngineBackedLLM,
     LlamaIndexTracer,
     NotLowerable,
     lowering_rule,
 )
+from .llama_index_models import engine_llm
 from .llama_index_synthesis import SynthesisPlanner
 
 # Stores whose query result depends on the query embedding alone in the default mode: the
@@ -115,10 +114,9 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 @lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
     llm = synthesizer._llm
-    if not isinstance(llm, EngineBackedLLM) or isinstance(llm, StructuredLLM):
-        raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
-    if not tr.on_runtime(llm):
-        raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+    requests = engine_llm(tr.ctx.runtime, llm)
+    if requests is not llm and synthesizer._streaming:
+        raise NotLowerable(f"{type(llm).__name__} cannot stream in LlamaIndex (its own code runs)")
     for flag, what in ((synthesizer._multimodal, "multimodal"),
                        (getattr(synthesizer, "_output_cls", None), "output_cls"),
                        (getattr(synthesizer, "_structured_answer_filtering", False), "structured_answer_filtering")):
@@ -126,7 +124,7 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
             raise NotLowerable(f"{what} synthesis is not lowered yet")
     if isinstance(synthesizer, Accumulate) and synthesizer._streaming:
         raise NotLowerable("Accumulate cannot stream (LlamaIndex raises ValueError; its own code runs)")
-    planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion)
+    planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion, requests)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes
         tr.traced.streaming_synthesis = planner
         tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")

@@ -46,9 +46,10 @@ CHARS_PER_TOKEN = 4
 class SynthesisPlanner:
     """The ``synthesize`` primitive's function: (query, nodes) -> Expansion producing the Response."""
 
-    def __init__(self, synthesizer: Any, llm: Any, prepare: Callable[[PGraph], PGraph]) -> None:
+    def __init__(self, synthesizer: Any, llm: Any, prepare: Callable[[PGraph], PGraph], requests: Any = None) -> None:
         self.synthesizer = synthesizer
-        self.llm = llm
+        self.llm = llm  # the synthesizer's LLM: its metadata sizes the packing
+        self.requests = llm if requests is None else requests  # builds the engine requests
         self.prepare = prepare
         self.__qualname__ = f"synthesize[{type(synthesizer).__name__}]"
 
@@ -98,7 +99,7 @@ class SynthesisPlanner:
         return self.prepare(graph)
 
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
-        return llm_call(graph, self.llm, template, prompt_args, origin)
+        return llm_call(graph, self.requests, template, prompt_args, origin)
 
     def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
         synth = self.synthesizer

@@ -24,6 +24,7 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.schema import QueryBundle
 
 from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, trace
+from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.manager import PassManager
@@ -150,6 +151,41 @@ class TeolaExecutor:
         return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
                                           timeout_s=self.timeout_s)
 
+    # -- ingestion: node embeddings of a VectorStoreIndex (capture/llama_index_ingest.py) -------------
+    def embed_index_nodes(self, index: Any, nodes: Sequence[Any]) -> list[Any] | None:
+        """``VectorStoreIndex._get_node_with_embedding(nodes)`` with the missing embeddings
+        computed by one Teola query on the engine serving ``index``'s embed model; ``None``
+        when no engine serves it (the caller then runs LlamaIndex's own code)."""
+        plan = self._embedding_plan(index, nodes)
+        if plan is None:
+            return None
+        return plan.finish(self.runtime.run_sync(self._embed_texts(plan)))
+
+    async def aembed_index_nodes(self, index: Any, nodes: Sequence[Any]) -> list[Any] | None:
+        plan = self._embedding_plan(index, nodes)
+        if plan is None:
+            return None
+        return plan.finish(await self.runtime.run_async(self._embed_texts(plan)))
+
+    def _embedding_plan(self, index: Any, nodes: Sequence[Any]) -> _NodeEmbeddings | None:
+        from ..capture.llama_index_models import embedder_engine_for
+
+        engine, _ = embedder_engine_for(self.runtime, index._embed_model)
+        if engine is None:
+            return None
+        plan = _NodeEmbeddings(list(nodes))
+        if plan.texts:  # optimized here, in the caller's thread (never on the runtime loop)
+            plan.graph = self._prepare(embedding_graph(engine, len(plan.texts)))
+        return plan
+
+    async def _embed_texts(self, plan: _NodeEmbeddings) -> list[Any]:
+        if plan.graph is None:
+            return []
+        self.last_query_id = query_id = f"li-ingest-{uuid.uuid4().hex[:12]}"
+        outputs = await self.runtime.execute(plan.graph, {"texts": plan.texts}, query_id=query_id,
+                                             timeout_s=self.timeout_s)
+        return outputs["vectors"]
+
     def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], async_: bool = False) -> Any:
         """LlamaIndex's (Async)StreamingResponse whose tokens come from the synthesis run, which
         starts now and streams its final decode (graph output ``stream``) into a queue."""
@@ -188,6 +224,33 @@ class TeolaExecutor:
 
 
 _END = object()
+
+
+class _NodeEmbeddings:
+    """``embed_nodes`` + ``_get_node_with_embedding`` of LlamaIndex, with the texts to embed
+    handed out and the vectors taken back (same texts, same id map, same node copies)."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        from llama_index.core.schema import MetadataMode
+
+        self.graph: PGraph | None = None  # the embedding query, when something needs embedding
+        self.nodes = nodes
+        self.known = {n.node_id: n.embedding for n in nodes if n.embedding is not None}
+        missing = [n for n in nodes if n.embedding is None]
+        self.ids = [n.node_id for n in missing]
+        self.texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in missing]
+
+    def finish(self, vectors: list[Any]) -> list[Any]:
+        if len(vectors) != len(self.texts):  # never store a node without its vector
+            raise RuntimeError(f"embedder returned {len(vectors)} vectors for {len(self.texts)} nodes")
+        id_to_embedding = dict(self.known)
+        id_to_embedding.update(zip(self.ids, ([float(x) for x in v] for v in vectors)))
+        results = []
+        for node in self.nodes:
+            result = node.model_copy()
+            result.embedding = id_to_embedding[node.node_id]
+            results.append(result)
+        return results
 
 
 def _require(target: Any, base: type, method: str) -> None:

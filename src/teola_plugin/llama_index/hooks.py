@@ -4,6 +4,9 @@ LlamaIndex has no executor setting; ``Settings`` is a plain object, so ``Setting
 TeolaExecutor()`` only stores the executor. :func:`install` wraps four methods once —
 ``BaseQueryEngine.query`` / ``aquery`` and ``BaseRetriever.retrieve`` / ``aretrieve`` — so each
 call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs the original.
+It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding step of
+``from_documents`` / ``insert`` / ``insert_nodes``), which the executor computes on its
+embedder engine when that engine serves the index's embed model.
 Calls the executor itself makes into the framework (opaque primitives) run the originals
 (``capture.llama_index.framework_passthrough``). Subclasses that override these methods
 keep their own code.
@@ -17,6 +20,7 @@ from typing import Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
@@ -33,7 +37,7 @@ def active_executor() -> TeolaExecutor | None:
     return executor if isinstance(executor, TeolaExecutor) else None
 
 
-def _route_sync(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any, Any], Any]) -> Callable[..., Any]:
+def _route_sync(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def routed(self: Any, str_or_query_bundle: Any) -> Any:
         executor = active_executor()
@@ -45,7 +49,7 @@ def _route_sync(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any,
     return routed
 
 
-def _route_async(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any, Any], Any]) -> Callable[..., Any]:
+def _route_async(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def routed(self: Any, str_or_query_bundle: Any) -> Any:
         executor = active_executor()
@@ -57,11 +61,37 @@ def _route_async(original: Callable[..., Any], run: Callable[[TeolaExecutor, Any
     return routed
 
 
-_ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[[TeolaExecutor, Any, Any], Any]], ...] = (
+def _route_embeddings(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
+    """``VectorStoreIndex._get_node_with_embedding``: the executor's engines when one serves
+    the index's embed model, else the original."""
+    @functools.wraps(original)
+    def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
+        executor = active_executor()
+        embedded = None if executor is None else run(executor, self, nodes)
+        return original(self, nodes, show_progress) if embedded is None else embedded
+
+    setattr(routed, _ORIGINAL, original)
+    return routed
+
+
+def _route_embeddings_async(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
+        executor = active_executor()
+        embedded = None if executor is None else await run(executor, self, nodes)
+        return await original(self, nodes, show_progress) if embedded is None else embedded
+
+    setattr(routed, _ORIGINAL, original)
+    return routed
+
+
+_ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[..., Any]], ...] = (
     (BaseQueryEngine, "query", _route_sync, TeolaExecutor.query),
     (BaseQueryEngine, "aquery", _route_async, TeolaExecutor.aquery),
     (BaseRetriever, "retrieve", _route_sync, TeolaExecutor.retrieve),
     (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
+    (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, TeolaExecutor.embed_index_nodes),
+    (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, TeolaExecutor.aembed_index_nodes),
 )
 
 

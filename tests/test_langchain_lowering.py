@@ -1,0 +1,61 @@
+"""What the LangChain tracer lowers and what it leaves opaque, and why (tracing only: no
+engine runs, so these are cheap; the fidelity of each lowering is tested on real engines
+in test_langchain*.py)."""
+
+from __future__ import annotations
+
+from langchain_classic.retrievers.multi_query import LineListOutputParser
+from langchain_community.llms import VLLM
+from langchain_core.output_parsers import JsonOutputParser, StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.runnables import RunnableLambda
+
+from teola_plugin.capture.langchain import InputLayout, trace_runnable
+from teola_plugin.langchain import TeolaLLM
+
+PROMPT = PromptTemplate.from_template("Q: {question}\nA:")
+LAYOUT = InputLayout.of({"question": "q"})
+
+
+def llm() -> TeolaLLM:
+    return TeolaLLM(runtime=object(), max_tokens=8)  # never called: tracing only
+
+
+def opaque_reasons(chain, layout=LAYOUT, **kwargs):
+    return {o.component: o.reason for o in trace_runnable(chain, layout, **kwargs).opaque}
+
+
+def test_bound_stop_becomes_the_calls_sampling_parameter_and_other_kwargs_stay_opaque():
+    trace = trace_runnable(PROMPT | llm().bind(stop=["\n"]), LAYOUT)
+    (prefill,) = [p for p in trace.graph if p.op.value == "llm_prefill"]
+    assert prefill.attrs["sampling_params"]["stop"] == ["\n"]
+    assert not trace.opaque
+    reasons = opaque_reasons(PROMPT | llm().bind(logprobs=True))
+    assert any("logprobs" in r for r in reasons.values())
+
+
+def test_parser_subclasses_run_unchanged():
+    class Lenient(JsonOutputParser):
+        def parse_result(self, result, *, partial=False):
+            return {"raw": result[0].text}
+
+    assert opaque_reasons(PROMPT | llm() | Lenient()) == {"Lenient": "no lowering rule for Lenient"}
+    assert opaque_reasons(PROMPT | llm() | JsonOutputParser()) == {}
+
+
+def test_vllm_is_mapped_only_onto_an_engine_serving_its_model_with_one_completion():
+    served = {"llm": "/models/served"}
+    same = VLLM.model_construct(model="/models/served", n=2)
+    other = VLLM.model_construct(model="/models/other")
+    assert "n / best_of" in opaque_reasons(PROMPT | same, engine_models=served)["VLLM"]
+    assert "not the model of a Teola LLM engine" in opaque_reasons(PROMPT | other, engine_models=served)["VLLM"]
+
+
+def test_map_after_a_line_list_of_a_decode_is_pipelined_and_not_after_a_user_function():
+    sub = PROMPT | llm() | StrOutputParser()
+    lines = PromptTemplate.from_template("List: {question}") | llm() | LineListOutputParser()
+    graph = trace_runnable(lines | sub.map(), LAYOUT).graph
+    (region,) = [p for p in graph if p.attrs.get("stream_from")]
+    assert graph[region.attrs["stream_from"]].attrs["stream_items"] and region.inputs["items"].port == "items"
+    graph = trace_runnable(lines | RunnableLambda(lambda qs: qs[:2]) | sub.map(), LAYOUT).graph
+    assert not [p for p in graph if p.attrs.get("stream_from") or p.attrs.get("stream_items")]

@@ -1,0 +1,96 @@
+"""LlamaIndex's own HuggingFaceEmbedding and Vllm, recognised as the runtime's engines.
+
+``HuggingFaceEmbedding`` on the bundled model directory is the embedder engine's model, so
+its query embedding is lowered (with a query instruction it is not). ``Vllm`` is built with
+``model_construct`` (pydantic: no vLLM model is loaded) and given a client that passes its
+prompt and ``SamplingParams`` to the runtime's vLLM engine, which is exactly what
+``vllm.LLM.generate`` would compute on the same model; the executor then must send the
+same requests itself.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from llama_index.core import Document, VectorStoreIndex
+
+from teola_plugin import datasets
+from tests.test_llama_index import (  # noqa: F401  (module fixtures reused)
+    QUESTIONS,
+    assert_same_response,
+    executor,
+    ids,
+    index,
+    plain_settings,
+    teola_prompts,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def documents(n: int) -> list[Document]:
+    return [Document(text=p.text, id_=p.id) for p in datasets.load_corpus("squad-xquad-en")[:n]]
+
+
+def test_huggingface_embedding_of_the_engine_model_is_lowered(runtime, executor):
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.engines.embedder import default_model_path
+
+    model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+    index = VectorStoreIndex.from_documents(documents(12), embed_model=model)
+    retriever = index.as_retriever(similarity_top_k=3)
+    app = executor.traced(retriever)
+    assert app.opaque == [] and [p.engine for p in app.graph.nodes if p.op.value == "embed"] == ["embedder"]
+    for question in QUESTIONS[:2]:
+        plain = retriever.retrieve(question)
+        teola = executor.retrieve(retriever, question)
+        assert ids(teola) == ids(plain) and len(plain) == 3
+        assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-5)
+
+    instructed = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu",
+                                      query_instruction="query: ")
+    other = VectorStoreIndex.from_documents(documents(2), embed_model=instructed).as_retriever()
+    (note,) = executor.traced(other).opaque
+    assert note.component == "HuggingFaceEmbedding" and "query instruction" in note.reason
+
+
+class EngineClient:
+    """Stands in for ``vllm.LLM`` inside ``Vllm.complete``: its prompt and SamplingParams go
+    to the runtime's vLLM engine (the same model); records the prompts."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.sent: list[str] = []
+
+    def generate(self, prompts, sampling_params):
+        (prompt,) = prompts
+        self.sent.append(prompt)
+        params = {"temperature": sampling_params.temperature, "max_tokens": sampling_params.max_tokens,
+                  "top_p": sampling_params.top_p, "top_k": sampling_params.top_k}
+        generation = self.runtime.run_sync(self.runtime.engines("llm").call("generate", prompt, params))
+        return [SimpleNamespace(outputs=[SimpleNamespace(text=generation.text)])]
+
+
+def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executor):
+    from llama_index.llms.vllm import Vllm
+
+    served = runtime.run_sync(runtime.engines("llm").call("describe"))["model"]
+    llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24)
+    llm._client = client = EngineClient(runtime)
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=2)
+    assert executor.traced(query_engine).opaque == []
+    question = QUESTIONS[3]
+    plain = query_engine.query(question)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(query_engine, question)
+    assert sent_teola == client.sent and len(client.sent) == 1  # the same completion prompt
+    assert_same_response(teola, plain)
+
+    other = Vllm.model_construct(model="/no/such/model", temperature=0.0, max_new_tokens=24)
+    (note,) = executor.traced(index.as_query_engine(llm=other)).opaque
+    assert note.component == "CompactAndRefine" and "not the model the engine serves" in note.reason
+    sampled = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24, presence_penalty=0.5)
+    (note,) = executor.traced(index.as_query_engine(llm=sampled)).opaque
+    assert "presence_penalty" in note.reason
