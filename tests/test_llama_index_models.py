@@ -73,8 +73,13 @@ class EngineClient:
         return [SimpleNamespace(outputs=[SimpleNamespace(text=generation.text)])]
 
 
-def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executor):
+def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executor, monkeypatch):
+    import vllm
     from llama_index.llms.vllm import Vllm
+
+    # Vllm.complete always passes best_of=..., which the installed vLLM's SamplingParams no
+    # longer accepts (plain Vllm raises TypeError); keep its other parameters as given.
+    monkeypatch.setattr(vllm, "SamplingParams", lambda best_of=None, **params: SimpleNamespace(**params))
 
     served = runtime.run_sync(runtime.engines("llm").call("describe"))["model"]
     llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24)

@@ -120,3 +120,15 @@ def test_streaming_accumulate_fails_as_in_llamaindex(index, llm, executor):
     Settings.executor = executor
     with pytest.raises(ValueError, match="Unable to stream in Accumulate"):
         query_engine.query(QUESTIONS[0])
+
+
+def test_streaming_refine_streams_its_last_call(runtime, index, llm, executor):
+    """Two nodes, two sequential refine calls: the second one (in a later expansion) streams."""
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=2, response_mode="refine", streaming=True)
+    question = QUESTIONS[2]
+    with plain_prompts() as sent_plain:
+        plain_text = "".join(query_engine.query(question).response_gen)
+    with teola_prompts(runtime) as sent_teola:
+        tokens = list(executor.query(query_engine, question).response_gen)
+    assert sent_teola == sent_plain and len(sent_plain) == 2  # one call at a time: same requests
+    assert len(tokens) > 1 and "".join(tokens) == plain_text

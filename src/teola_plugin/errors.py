@@ -44,3 +44,8 @@ class GraphValidationError(TeolaError, ValueError):
 
 class QueryTimeoutError(TeolaError, TimeoutError):
     """A query did not finish within its timeout; its outstanding work was cancelled."""
+
+
+class EngineRestartedError(TeolaError, RuntimeError):
+    """An engine's process died and was restarted while a query's LLM stream was open on
+    it: the generation is lost (the query fails; later queries use the restarted engine)."""

@@ -302,7 +302,8 @@ def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None,
 
 # -- entry point -----------------------------------------------------------------------------
 SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine is lowered to "
-             "primitives, others run as one opaque step) and retrievers (BaseRetriever)")
+             "primitives, others run as one opaque step) and retrievers (BaseRetriever: "
+             "VectorIndexRetriever, QueryFusionRetriever and BM25Retriever are lowered)")
 
 
 def trace(target: Any, ctx: TraceContext) -> TracedApp:

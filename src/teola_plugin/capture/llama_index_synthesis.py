@@ -200,8 +200,11 @@ class RefineLoop:
             return cpu_step(graph, "answer", lambda text: final_answer(text or response), {"text": text},
                                  self.origin)
         # The next prompt holds this answer: expand the rest once it is decoded.
-        return cpu_step(graph, "refine_next", lambda text: self.expand(text or response), {"text": text},
-                             self.origin)
+        rest = cpu_step(graph, "refine_next", lambda text: self.expand(text or response), {"text": text},
+                        self.origin)
+        if self.planner.streaming:  # the final call sits in a later expansion: stream through it
+            graph.output("stream", rest)
+        return rest
 
     def expand(self, response: str | None) -> Expansion:
         graph = PGraph(f"{self.origin}_step")

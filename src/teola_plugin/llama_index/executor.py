@@ -6,7 +6,9 @@
 
 Each call traces the object as it is now (so a changed ``similarity_top_k`` is honoured),
 optimizes the graph and runs it as one query; the result is the framework's own type
-(``Response`` with ``source_nodes``, or a ``NodeWithScore`` list). No optimizer or scheduler
+(``Response`` with ``source_nodes``, or a ``NodeWithScore`` list). With the executor
+installed, building a ``VectorStoreIndex`` (``from_documents`` / ``insert``) embeds its nodes
+through the executor too (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler
 logic lives here.
 """
 

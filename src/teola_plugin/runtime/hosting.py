@@ -19,13 +19,14 @@ import itertools
 import logging
 import os
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engines.base import Engine
-from ..errors import ConfigError, EngineInputError
+from ..errors import ConfigError, EngineInputError, EngineRestartedError
 from .engine_scheduler import BatchInfo, EngineScheduler
 from .policies import BatchPolicy, Priority, default_policy
 
@@ -78,6 +79,9 @@ class EngineServer:
         self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
         self._readers: dict[str, asyncio.Task[Any]] = {}  # stream -> the task reading it now
         self._stream_ids = itertools.count()
+        # Stream ids are unique across replicas and restarts: a stream id of a replica that
+        # died must not name a stream that its restarted successor opened for another query.
+        self._stream_prefix = f"{spec.name}-{uuid.uuid4().hex[:8]}"
         self._start_lock: asyncio.Lock | None = None
 
     async def start(self) -> dict[str, Any]:
@@ -136,13 +140,16 @@ class EngineServer:
             release()
             await iterator.aclose()
             return "", [first], True, info
-        sid = f"{self.spec.name}-s{next(self._stream_ids)}"
+        sid = f"{self._stream_prefix}-s{next(self._stream_ids)}"
         self._streams[sid] = (iterator, release)
         return sid, [first], False, info
 
     async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
         """The rest of an opened stream; closing it early aborts the underlying request."""
         if sid not in self._streams:
+            if not sid.startswith(self._stream_prefix + "-"):
+                raise EngineRestartedError(f"engine {self.spec.name!r} restarted while stream {sid!r} was open "
+                                           f"on it; that generation is lost")
             raise EngineInputError(f"no open stream {sid!r} on engine {self.spec.name!r}")
         iterator, _ = self._streams[sid]
         reader = asyncio.current_task()
