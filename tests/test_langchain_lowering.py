@@ -59,3 +59,25 @@ def test_map_after_a_line_list_of_a_decode_is_pipelined_and_not_after_a_user_fun
     assert graph[region.attrs["stream_from"]].attrs["stream_items"] and region.inputs["items"].port == "items"
     graph = trace_runnable(lines | RunnableLambda(lambda qs: qs[:2]) | sub.map(), LAYOUT).graph
     assert not [p for p in graph if p.attrs.get("stream_from") or p.attrs.get("stream_items")]
+
+
+def test_a_cross_encoder_compressor_runs_unchanged_over_a_lowered_base_retriever():
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+    from langchain_classic.retrievers.document_compressors import CrossEncoderReranker
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from teola_plugin.langchain import TeolaEmbeddings, TeolaReranker
+
+    base = InMemoryVectorStore(TeolaEmbeddings(runtime=object())).as_retriever()
+    # model_construct: a real CrossEncoderReranker needs a downloaded cross-encoder model.
+    cross = ContextualCompressionRetriever(base_compressor=CrossEncoderReranker.model_construct(top_n=2),
+                                           base_retriever=base)
+    trace = trace_runnable(cross, InputLayout.of("q"))
+    assert [o.component for o in trace.opaque] == ["CrossEncoderReranker"]
+    assert "is not a TeolaReranker" in trace.opaque[0].reason
+    assert {"embed", "vector_search"} <= {p.op.value for p in trace.graph}
+    ours = ContextualCompressionRetriever(base_compressor=TeolaReranker(runtime=object(), top_n=2),
+                                          base_retriever=base)
+    trace = trace_runnable(ours, InputLayout.of("q"))
+    (rerank,) = [p for p in trace.graph if p.op.value == "rerank"]
+    assert rerank.engine == "reranker" and rerank.attrs["top_n"] == 2 and not trace.opaque

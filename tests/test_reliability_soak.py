@@ -47,6 +47,8 @@ def assert_flat(memory: list[dict], timeline_limit: int) -> None:
 def test_short_poisson_soak_at_twice_saturation(runtime):
     report = run_soak(runtime, 60, rate_factor=2.0, seed=0, timeout_s=120, saturation_probe=8, checkpoints=2)
     print({k: v for k, v in report.items() if k != "memory"})
+    for m in report["memory"]:
+        print(m)
     assert_sound(report, 60)
     assert_flat(report["memory"], runtime.timeline.max_queries)
 

@@ -14,8 +14,8 @@ result dict and every fusion mode are LlamaIndex's own code. The streamed retrie
 the decode's stripped lines; a generated query that is not the line at its position (only
 when backticks or exotic line breaks make LlamaIndex parse differently) is retrieved by the
 sub-retriever itself, and retrieved lines beyond the cap are ignored, so nothing changes the
-result. Retrievers that are not lowered as vector search retrieve the parsed queries in one
-CPU step after the decode.
+result. Retrievers that are not lowered as vector search retrieve the parsed queries inside
+the ``fuse`` step (their own ``retrieve``, after the decode).
 """
 
 from __future__ import annotations

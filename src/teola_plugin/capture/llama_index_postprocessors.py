@@ -93,7 +93,10 @@ class _AnsweringLLM:
 
 @lowering_rule(POSTPROCESSOR_RULES, SentenceTransformerRerank)
 def decline_cross_encoder(tr: LlamaIndexTracer, rerank: SentenceTransformerRerank, nodes: Ref) -> Ref:
-    raise NotLowerable(
-        f"scores with the cross-encoder {rerank.model!r}; Teola's reranker engine serves a different "
-        "model (by default the all-MiniLM-L6-v2 bi-encoder, whose scores and order differ), so the "
-        "rerank primitive would change the result")
+    specs = getattr(tr.ctx.runtime, "specs", {})
+    cross = next((s.kwargs.get("cross_encoder_path") for s in specs.values() if s.kind == "reranker"), None)
+    served = (f"the cross-encoder at {cross} (lowering onto it is not implemented: no cross-encoder "
+              "weights exist offline to check that it scores like this one)" if cross else
+              "the all-MiniLM-L6-v2 bi-encoder, whose scores and order differ")
+    raise NotLowerable(f"scores with the cross-encoder {rerank.model!r}; Teola's reranker engine serves {served}, "
+                       "so the rerank primitive would change the result")
