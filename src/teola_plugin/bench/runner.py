@@ -86,7 +86,18 @@ class Bench:
         self.recorder = EventRecorder()
 
     # -- single queries ----------------------------------------------------------------------
+    def cold_prefix_cache(self) -> None:
+        """Every system asks the same questions: without this, whichever runs second finds the
+        prompt in vLLM's prefix cache. (Within a query, prefill splitting still uses it.)"""
+        try:
+            self.runtime.run_sync(self.runtime.engines("llm").call("reset_prefix_cache"), timeout=60)
+        except Exception as exc:  # an engine without the method: say so once, measure anyway
+            if not getattr(self, "_warned_cache", False):
+                log(f"cannot reset the LLM prefix cache ({type(exc).__name__}: {exc}); later runs may hit it")
+                self._warned_cache = True
+
     def run_one(self, app: BenchApp, query: Query, system: System, record_events: bool = False) -> dict[str, Any]:
+        self.cold_prefix_cache()
         before = set(self.runtime.timeline.query_ids())
         if record_events:
             self.recorder.reset()
@@ -116,6 +127,7 @@ class Bench:
     def measure_bound(self, app: BenchApp, query: Query) -> dict[str, Any] | None:
         if self.handlers is None:
             return None
+        self.cold_prefix_cache()
         self.handlers.reset()
         self.handlers.measuring = True
         try:
@@ -169,6 +181,7 @@ class Bench:
         for mult in self.config.poisson_rates:
             rate = mult * capacity_qps
             for system in (PLAIN_CONCURRENT, TEOLA_FULL):
+                self.cold_prefix_cache()
                 log(f"  poisson {app.name} {system.name} at {rate:.3f} q/s ({mult}x)")
                 res = asyncio.run(self._poisson(app, queries, system, rate, self.config.poisson_queries,
                                                 self.config.seed, slo_s))

@@ -111,6 +111,8 @@ class TraceContext:
     prepare_expansion: Callable[[PGraph], PGraph] = lambda graph: graph
     # One engine per user vector store, kept across traces (the executor owns the context).
     store_engines: dict[int, Engine] = field(default_factory=dict)
+    # Join an index's pending ingestion into the graph of a query on it (defer_ingestion).
+    join_ingestion: bool = False
 
 
 @dataclass
@@ -122,6 +124,8 @@ class TracedApp:
     notes: list[ComponentNote] = field(default_factory=list)
     # Set when synthesis streams: the graph outputs the nodes, then this builds the calls.
     streaming_synthesis: Any = None
+    # Pending document ingestion this trace saw (capture/llama_index_ingest.py: Join).
+    ingestions: list[Any] = field(default_factory=list)
 
     def inputs_for(self, query: Any) -> dict[str, Any]:
         """Graph inputs for one ``QueryBundle``."""

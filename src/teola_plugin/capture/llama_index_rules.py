@@ -48,6 +48,7 @@ from .llama_index import (
     NotLowerable,
     lowering_rule,
 )
+from .llama_index_ingest import join_pending
 from .llama_index_models import engine_llm
 from .llama_index_synthesis import SynthesisPlanner
 
@@ -75,7 +76,9 @@ def check_vector_retriever(retriever: VectorIndexRetriever) -> None:
 
 
 def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[Ref, str]:
-    """The graph input naming ``retriever``'s store (searched in place) and its engine's name."""
+    """The graph input naming ``retriever``'s store (searched in place) and its engine's name;
+    when the index has deferred documents, the handle comes out of their ``vector_insert``
+    (``join_pending``), so every search of the store in this graph waits for them."""
     store = retriever._vector_store
     engine = tr.ctx.store_engines.get(id(store))
     if engine is None:
@@ -83,7 +86,7 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
             store, name=f"llama_index-{type(store).__name__}-{id(store):x}")
     tr.traced.local_engines[engine.name] = engine
     index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
-    return index, engine.name
+    return join_pending(tr, retriever, index, engine.name), engine.name
 
 
 @lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)

@@ -6,6 +6,10 @@ engine answers it with that retriever's own code path after the embedding step
 mode, node / doc ids, vector-store kwargs — the store query, the docstore fetch and the
 conversion to ``NodeWithScore``), so the nodes and scores are what the retriever returns.
 
+Inserts (``vector_insert`` of documents whose ingestion a query's graph joined) go to the
+``Claim`` registered for the index name (:meth:`expect`), which stores the nodes with
+LlamaIndex's own ``_add_nodes_to_index`` in their original order.
+
 Served in-process (``Runtime.add_local_engine``): the store is a live Python object that
 must not be pickled into an actor. Knows nothing about graphs.
 """
@@ -28,6 +32,7 @@ class FrameworkVectorStoreEngine(Engine):
         super().__init__(name)
         self.vector_store = vector_store
         self._retrievers: dict[str, Any] = {}
+        self._claims: dict[str, Any] = {}  # index name -> Claim of the query inserting now
 
     def bind(self, retriever: Any) -> str:
         """Route searches on the returned index name through ``retriever``'s query settings."""
@@ -36,6 +41,27 @@ class FrameworkVectorStoreEngine(Engine):
         index = f"retriever-{id(retriever):x}"
         self._retrievers[index] = retriever
         return index
+
+    def expect(self, index: str, claim: Any) -> None:
+        """Route inserts on ``index`` to ``claim`` (one run's pending nodes) until :meth:`forget`."""
+        self._claims[index] = claim
+
+    def forget(self, index: str) -> None:
+        self._claims.pop(index, None)
+
+    async def batch_insert(self, requests: list[dict[str, Any]]) -> list[int]:
+        """Requests ``{"index", "ids", "vectors", ...}``; ids are node positions in the claim."""
+        for i, r in enumerate(requests):
+            if r.get("index") not in self._claims:
+                raise EngineInputError(f"insert request {i}: no pending ingestion for index {r.get('index')!r} "
+                                       f"on engine {self.name!r}")
+
+        def insert_all() -> list[int]:
+            for r in requests:
+                self._claims[r["index"]].receive([int(p) for p in r["ids"]], list(r["vectors"]))
+            return [len(r["ids"]) for r in requests]
+
+        return await asyncio.to_thread(insert_all)
 
     async def _load(self) -> None:  # the user's store is already open
         return None

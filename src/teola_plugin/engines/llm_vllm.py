@@ -260,6 +260,11 @@ class VLLMEngine(Engine):
         self._require_started()
         await self._llm.abort(request_id)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop vLLM's cached prefixes (benchmarks start each run cold); False if requests run."""
+        self._require_started()
+        return bool(await self._llm.reset_prefix_cache())
+
     def unfinished_requests(self) -> int:
         """Requests vLLM is still working on (0 when idle: nothing generates for nobody)."""
         self._require_started()

@@ -7,9 +7,10 @@
 Each call traces the object as it is now (so a changed ``similarity_top_k`` is honoured),
 optimizes the graph and runs it as one query; the result is the framework's own type
 (``Response`` with ``source_nodes``, or a ``NodeWithScore`` list). With the executor
-installed, building a ``VectorStoreIndex`` (``from_documents`` / ``insert``) embeds its nodes
-through the executor too (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler
-logic lives here.
+installed, building a ``VectorStoreIndex`` (``from_documents`` / ``insert``) defers its nodes
+into the next query's graph (``capture/llama_index_ingest.py``; :meth:`TeolaExecutor.flush`
+stores them now), or with ``defer_ingestion=False`` embeds them through the executor at call
+time (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler logic lives here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.schema import QueryBundle
 
 from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, trace
-from ..capture.llama_index_ingest import embedding_graph
+from ..capture.llama_index_ingest import embedding_graph, flush_all, pending_states
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.manager import PassManager
@@ -45,11 +46,15 @@ class TeolaExecutor:
         ray_address: join this Ray cluster (``"host:6379"``, ``"auto"``) with the default
             engines instead of an embedded one. It connects here, so a wrong address fails
             at construction with ``ConfigError``.
+        defer_ingestion: ``True`` (default): ``VectorStoreIndex.from_documents`` / ``insert``
+            record their nodes and the next query on the index embeds and inserts them in its
+            own graph (every other read path flushes first; :meth:`flush` does it now).
+            ``False``: they embed through Teola at call time and return when stored.
     """
 
     def __init__(self, runtime: Runtime | None = None, *, passes: Sequence[str] | None = None,
                  disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, defer_ingestion: bool = True) -> None:
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         if ray_address is not None:
@@ -66,6 +71,7 @@ class TeolaExecutor:
         self.optimize = bool(optimize)
         self.timeout_s = timeout_s
         self._runtime = runtime
+        self.defer_ingestion = bool(defer_ingestion)
         self._context: TraceContext | None = None
         self.last_query_id: str | None = None  # for the runtime timeline of the latest run
 
@@ -82,6 +88,7 @@ class TeolaExecutor:
     def _trace_context(self) -> TraceContext:
         if self._context is None:
             self._context = TraceContext(self.runtime, prepare_expansion=self._prepare)
+        self._context.join_ingestion = self.defer_ingestion
         return self._context
 
     def _prepare(self, graph: PGraph) -> PGraph:
@@ -125,7 +132,7 @@ class TeolaExecutor:
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
         bundle = _query_bundle(query)
-        app, graph = self._plan(query_engine)
+        app, graph = await self._aplan(query_engine)
         outputs = await self.runtime.run_async(self._execute(app, graph, bundle))
         if app.streaming_synthesis is not None:
             return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], async_=True)
@@ -138,20 +145,60 @@ class TeolaExecutor:
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
-        app, graph = self._plan(retriever)
+        app, graph = await self._aplan(retriever)
         return (await self.runtime.run_async(self._execute(app, graph, _query_bundle(query))))["nodes"]
 
     def _plan(self, target: Any) -> tuple[TracedApp, PGraph]:
-        """Trace and optimize in the caller's thread (never on the runtime loop)."""
+        """Trace and optimize in the caller's thread (never on the runtime loop). Pending
+        ingestion the graph does not take over (other indexes, opaque readers) is flushed
+        first; what it takes over is claimed here, so no other path stores it twice."""
+        for _ in range(3):
+            app = self.traced(target)
+            joined = [j for j in app.ingestions if j.engine is not None]
+            if app.opaque or len(joined) != len(app.ingestions):  # may read pending nodes unseen
+                flush_all()
+                if not app.ingestions:
+                    return app, self._prepare(app.graph)
+                continue
+            _flush_read_stores(app, joined)
+            for j in joined:
+                j.claim = j.state.try_claim(j.batches)
+            if all(j.claim is not None for j in joined):
+                return app, self._prepare(app.graph)
+            for j in joined:  # changed since the trace (another thread): store it, trace again
+                if j.claim is not None:
+                    j.claim.release()
+            flush_all()
+        flush_all()
         app = self.traced(target)
+        app.ingestions = [j for j in app.ingestions if j.engine is None]  # (nothing left to join)
         return app, self._prepare(app.graph)
 
+    async def _aplan(self, target: Any) -> tuple[TracedApp, PGraph]:
+        if pending_states():  # flushing may block on embeddings: not on the caller's event loop
+            return await asyncio.to_thread(self._plan, target)
+        return self._plan(target)
+
+    def flush(self) -> None:
+        """Store every document ingestion still pending (all indexes), now."""
+        flush_all()
+
+    close = flush  # an executor going away leaves nothing pending
+
     async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
-        for name, engine in app.local_engines.items():  # the user's own stores, served in-process
-            await self.runtime.add_local_engine(name, engine)
-        self.last_query_id = query_id = f"li-{uuid.uuid4().hex[:12]}"
-        return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
-                                          timeout_s=self.timeout_s)
+        claims = [j for j in app.ingestions if j.claim is not None]
+        try:
+            for name, engine in app.local_engines.items():  # the user's own stores, served in-process
+                await self.runtime.add_local_engine(name, engine)
+            for j in claims:
+                j.engine.expect(j.index_name, j.claim)
+            self.last_query_id = query_id = f"li-{uuid.uuid4().hex[:12]}"
+            return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
+                                              timeout_s=self.timeout_s)
+        finally:
+            for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
+                j.engine.forget(j.index_name)
+                j.claim.release()
 
     # -- ingestion: node embeddings of a VectorStoreIndex (capture/llama_index_ingest.py) -------------
     def embed_index_nodes(self, index: Any, nodes: Sequence[Any]) -> list[Any] | None:
@@ -226,6 +273,20 @@ class TeolaExecutor:
 
 
 _END = object()
+
+
+def _flush_read_stores(app: TracedApp, joined: list[Any]) -> None:
+    """Store the pending nodes of other indexes whose vector store this graph searches
+    (indexes sharing a store); pending work of unrelated indexes (other users' queries)
+    stays deferred for their own next query."""
+    states = pending_states()
+    if not states:
+        return
+    read = {id(e.vector_store) for e in app.local_engines.values() if hasattr(e, "vector_store")}
+    mine = {id(j.state) for j in joined}
+    for state in states:
+        if id(state) not in mine and id(getattr(state.index, "_vector_store", None)) in read:
+            state.flush()
 
 
 class _NodeEmbeddings:

@@ -7,6 +7,8 @@ call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs 
 It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding step of
 ``from_documents`` / ``insert`` / ``insert_nodes``), which the executor computes on its
 embedder engine when that engine serves the index's embed model.
+Deferred ingestion's hooks (record nodes, flush before reads) are in ``ingest_hooks``; the
+query / retrieve wrappers here flush pending ingestion first when no executor runs the call.
 Calls the executor itself makes into the framework (opaque primitives) run the originals
 (``capture.llama_index.framework_passthrough``). Subclasses that override these methods
 keep their own code.
@@ -14,6 +16,7 @@ keep their own code.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +27,8 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
+from ..capture.llama_index_ingest import flush_all, pending_states
+from . import ingest_hooks
 from .executor import TeolaExecutor
 
 _ORIGINAL = "__teola_original__"
@@ -42,6 +47,7 @@ def _route_sync(original: Callable[..., Any], run: Callable[..., Any]) -> Callab
     def routed(self: Any, str_or_query_bundle: Any) -> Any:
         executor = active_executor()
         if executor is None:
+            flush_all()  # documents acknowledged to the caller are read like plain LlamaIndex's
             return original(self, str_or_query_bundle)
         return run(executor, self, str_or_query_bundle)
 
@@ -54,6 +60,8 @@ def _route_async(original: Callable[..., Any], run: Callable[..., Any]) -> Calla
     async def routed(self: Any, str_or_query_bundle: Any) -> Any:
         executor = active_executor()
         if executor is None:
+            if pending_states():
+                await asyncio.to_thread(flush_all)
             return await original(self, str_or_query_bundle)
         return await run(executor, self, str_or_query_bundle)
 
@@ -101,10 +109,13 @@ def install() -> None:
         method = cls.__dict__[name]
         if not hasattr(method, _ORIGINAL):
             setattr(cls, name, wrap(method, run))
+    ingest_hooks.install()
 
 
 def uninstall() -> None:
-    """Restore the original methods (``Settings.executor = None`` is enough for most uses)."""
+    """Restore the original methods (``Settings.executor = None`` is enough for most uses);
+    pending ingestion is stored first."""
+    ingest_hooks.uninstall()
     for cls, name, _, _ in _ROUTES:
         original = getattr(cls.__dict__[name], _ORIGINAL, None)
         if original is not None:

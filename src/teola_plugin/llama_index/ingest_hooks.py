@@ -1,0 +1,188 @@
+"""Deferred ingestion's hooks on LlamaIndex: record, and flush before anything reads.
+
+``VectorStoreIndex._(async_)add_nodes_to_index`` (the step after LlamaIndex's own node parsing, in
+``from_documents`` / ``insert`` / ``insert_nodes``) records its nodes when the installed
+executor defers ingestion and an engine serves the index's embed model
+(``capture/llama_index_ingest.py``); a later insert appends (stored in order). Everything
+else that reads or changes the index or its stores stores the pending nodes first:
+``index.vector_store`` / ``index.docstore`` (so ``ref_doc_info``), ``delete_nodes`` /
+``delete_ref_doc`` / ``update_ref_doc`` / ``refresh_ref_docs`` / ``ainsert_nodes`` / ``ainsert``,
+``StorageContext.persist``, and every query / retrieve not run through the executor
+(``hooks``). ``as_retriever`` does not flush (the next query joins the nodes into its
+graph) but gives the retriever the node ids plain LlamaIndex would (pending ones included).
+Not covered: reading ``index.storage_context.<store>`` or ``index._vector_store`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from llama_index.core.indices.base import BaseIndex
+from llama_index.core.indices.vector_store.base import VectorStoreIndex
+from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
+from llama_index.core.storage.storage_context import StorageContext
+
+from ..capture.llama_index_ingest import (
+    PendingBatch,
+    PendingIngestion,
+    flush_all,
+    flush_index,
+    set_original_add_nodes,
+)
+
+_NO_FLUSH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_no_flush", default=False)
+_SAVED: dict[tuple[type, str], Any] = {}
+
+
+@contextlib.contextmanager
+def _no_flush() -> Iterator[None]:
+    """LlamaIndex's own code that only takes references (retriever construction, insert)."""
+    token = _NO_FLUSH.set(True)
+    try:
+        yield
+    finally:
+        _NO_FLUSH.reset(token)
+
+
+def _flushing(index: Any) -> None:
+    if not _NO_FLUSH.get():
+        flush_index(index)
+
+
+def _deferred(index: Any, index_struct: Any, nodes: Any, insert_kwargs: dict[str, Any]) -> bool:
+    """Record the nodes if the installed executor defers ingestion for ``index``."""
+    from ..capture.llama_index_models import embedder_engine_for
+    from .hooks import active_executor
+
+    executor = active_executor()
+    if (nodes and executor is not None and executor.defer_ingestion
+            and embedder_engine_for(executor.runtime, index._embed_model)[0] is not None):
+        PendingIngestion.of(index, create=True).add(PendingBatch(index_struct, list(nodes), insert_kwargs))
+        return True
+    return False
+
+
+def _add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def add_nodes_to_index(self: Any, index_struct: Any, nodes: Any, show_progress: bool = False,
+                           **insert_kwargs: Any) -> None:
+        if _deferred(self, index_struct, nodes, insert_kwargs):
+            return None
+        flush_index(self)  # earlier pending nodes first: the store keeps insertion order
+        return original(self, index_struct, nodes, show_progress, **insert_kwargs)
+
+    return add_nodes_to_index
+
+
+def _async_add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def async_add_nodes_to_index(self: Any, index_struct: Any, nodes: Any, show_progress: bool = False,
+                                       **insert_kwargs: Any) -> None:
+        if _deferred(self, index_struct, nodes, insert_kwargs):  # stored by the sync code on flush
+            return None
+        await asyncio.to_thread(flush_index, self)
+        return await original(self, index_struct, nodes, show_progress, **insert_kwargs)
+
+    return async_add_nodes_to_index
+
+
+def _as_retriever(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def as_retriever(self: Any, **kwargs: Any) -> Any:
+        with _no_flush():
+            retriever = original(self, **kwargs)
+        state = PendingIngestion.of(self)
+        if state is not None and state.has_work() and getattr(retriever, "_node_ids", None) is not None:
+            known = set(retriever._node_ids)
+            retriever._node_ids = retriever._node_ids + [i for i in state.pending_index_ids() if i not in known]
+        return retriever
+
+    return as_retriever
+
+
+def _without_flush(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _no_flush():
+            return original(*args, **kwargs)
+
+    return call
+
+
+def _flush_first(original: Callable[..., Any]) -> Callable[..., Any]:
+    if asyncio.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.to_thread(flush_index, self)
+            return await original(self, *args, **kwargs)
+
+        return acall
+
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        flush_index(self)
+        return original(self, *args, **kwargs)
+
+    return call
+
+
+def _flush_property(original: property) -> property:
+    def get(self: Any) -> Any:
+        _flushing(self)
+        return original.fget(self)
+
+    return property(get, original.fset, original.fdel, original.__doc__)
+
+
+def _persist(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def persist(self: Any, *args: Any, **kwargs: Any) -> Any:
+        flush_all()  # any index may write into this storage context's stores
+        return original(self, *args, **kwargs)
+
+    return persist
+
+
+_HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
+    (VectorStoreIndex, "_add_nodes_to_index", _add_nodes),
+    (VectorStoreIndex, "_async_add_nodes_to_index", _async_add_nodes),
+    (VectorStoreIndex, "as_retriever", _as_retriever),
+    (VectorIndexRetriever, "__init__", _without_flush),
+    (BaseIndex, "insert", _without_flush),
+    (VectorStoreIndex, "vector_store", _flush_property),
+    (BaseIndex, "docstore", _flush_property),
+    (VectorStoreIndex, "delete_nodes", _flush_first),
+    (VectorStoreIndex, "adelete_nodes", _flush_first),
+    (VectorStoreIndex, "delete_ref_doc", _flush_first),
+    (VectorStoreIndex, "adelete_ref_doc", _flush_first),
+    (BaseIndex, "update_ref_doc", _flush_first),
+    (BaseIndex, "aupdate_ref_doc", _flush_first),
+    (BaseIndex, "refresh_ref_docs", _flush_first),
+    (BaseIndex, "arefresh_ref_docs", _flush_first),
+    (VectorStoreIndex, "ainsert_nodes", _flush_first),
+    (BaseIndex, "ainsert", _flush_first),
+    (StorageContext, "persist", _persist),
+)
+
+
+def install() -> None:
+    """Wrap the methods above once."""
+    for cls, name, wrap in _HOOKS:
+        if (cls, name) not in _SAVED:
+            original = cls.__dict__[name]
+            _SAVED[cls, name] = original
+            setattr(cls, name, wrap(original))
+    set_original_add_nodes(_SAVED[VectorStoreIndex, "_add_nodes_to_index"])
+
+
+def uninstall() -> None:
+    """Store what is pending, then restore LlamaIndex's methods."""
+    flush_all()
+    for (cls, name), original in list(_SAVED.items()):
+        setattr(cls, name, original)
+        del _SAVED[cls, name]
