@@ -32,15 +32,23 @@ def busy(state: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {e: {k: v for k, v in s.items() if v} for e, s in state.items() if any(s.values())}
 
 
-async def wait_idle(runtime: Any, timeout_s: float = 60.0) -> dict[str, dict[str, int]]:
-    """Poll until every engine is idle or ``timeout_s`` passed; returns what is still busy
-    ({} when idle). Bounded polling, not a speed assertion: callers assert the result."""
+async def wait_idle(runtime: Any, timeout_s: float = 60.0,
+                    baseline: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, int]]:
+    """Poll until every engine is back to ``baseline`` (default: idle) or ``timeout_s``
+    passed; returns what is busy beyond the baseline ({} when settled). Bounded polling,
+    not a speed assertion: callers assert the result."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = busy(await engine_state(runtime))
+        left = beyond(busy(await engine_state(runtime)), baseline or {})
         if not left or time.monotonic() > deadline:
             return left
         await asyncio.sleep(0.2)
+
+
+def beyond(state: dict[str, dict[str, int]], baseline: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """What ``state`` holds above ``baseline``: a test's own leftovers, not earlier tests'."""
+    out = {e: {k: v - baseline.get(e, {}).get(k, 0) for k, v in s.items()} for e, s in state.items()}
+    return {e: {k: v for k, v in s.items() if v > 0} for e, s in out.items() if any(v > 0 for v in s.values())}
 
 
 # -- memory -------------------------------------------------------------------------------------

@@ -18,12 +18,19 @@ from teola_plugin.errors import QueryTimeoutError
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
 from teola_plugin.langchain import TeolaLLM, TeolaRunnable
-from tests.reliability import engine_state, wait_idle
+from tests.reliability import busy, engine_state, wait_idle
 
 pytestmark = pytest.mark.slow
 
 
-def test_cancelling_ainvoke_aborts_its_generation_and_frees_the_engine(runtime, call):
+@pytest.fixture
+def baseline(runtime, call):
+    """What the shared engines hold before the test: each test answers for its own leftovers
+    (a leak of an earlier test fails that test's own checks, not all of these)."""
+    return busy(call(engine_state(runtime)))
+
+
+def test_cancelling_ainvoke_aborts_its_generation_and_frees_the_engine(runtime, call, baseline):
     chain = PromptTemplate.from_template("{start}") | TeolaLLM(runtime=runtime, max_tokens=1500) | StrOutputParser()
     fast = TeolaRunnable(chain, runtime=runtime)
 
@@ -41,12 +48,12 @@ def test_cancelling_ainvoke_aborts_its_generation_and_frees_the_engine(runtime, 
             await task
 
     asyncio.run(cancel_mid_generation())
-    assert call(wait_idle(runtime, 30)) == {}  # vLLM aborted it; slots, streams, queues free
+    assert call(wait_idle(runtime, 30, baseline)) == {}  # vLLM aborted it; slots, streams, queues free
     # and the engine serves the next request normally
     assert call(runtime.engines("llm").call("generate", "Hi", {"max_tokens": 2})).text
 
 
-def test_a_timeout_while_the_stream_is_being_opened_closes_it_in_the_actor(runtime, call):
+def test_a_timeout_while_the_stream_is_being_opened_closes_it_in_the_actor(runtime, call, baseline):
     """The query times out while the actor is still prefilling (open_stream in flight): the
     stream the actor opens must not stay open, holding an engine slot and generating."""
     g = PGraph("long_prefill")
@@ -60,10 +67,10 @@ def test_a_timeout_while_the_stream_is_being_opened_closes_it_in_the_actor(runti
         long_prompt = " ".join(f"w{timeout}x{i}" for i in range(350))
         with pytest.raises(QueryTimeoutError):
             call(runtime.execute(g, {"question": long_prompt}, timeout_s=timeout))
-    assert call(wait_idle(runtime, 60)) == {}
+    assert call(wait_idle(runtime, 60, baseline)) == {}
 
 
-def test_cancelled_requests_queued_in_an_engine_actor_never_run(runtime, call):
+def test_cancelled_requests_queued_in_an_engine_actor_never_run(runtime, call, baseline):
     """Requests waiting in the embedder actor's queue behind a long batch are dropped there
     when their queries are cancelled (the actor is told), not run for nobody."""
     g = PGraph("embed_many")
@@ -84,7 +91,7 @@ def test_cancelled_requests_queued_in_an_engine_actor_never_run(runtime, call):
             t.cancel()
         await asyncio.gather(*doomed, return_exceptions=True)
         vectors = (await blocker)["vectors"]
-        left = await wait_idle(runtime, 30)
+        left = await wait_idle(runtime, 30, baseline)
         after = sum(s["batches_run"] for s in await pool.stats())
         return vectors, left, after - before
 
