@@ -119,7 +119,7 @@ def test_cross_encoder_rerank_stays_opaque_and_warns_once(index, llm, executor, 
     rerank = SentenceTransformerRerank.model_construct(top_n=2, model="cross-encoder/ms-marco-MiniLM-L-6-v2",
                                                        device="cpu", keep_retrieval_score=False)
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=[rerank])
-    capture._WARNED.discard(SentenceTransformerRerank)
+    capture.warn_opaque_once.warned.discard(SentenceTransformerRerank)
     with caplog.at_level(logging.WARNING, logger="teola_plugin"):
         text = executor.explain(query_engine)
         executor.trace(query_engine)

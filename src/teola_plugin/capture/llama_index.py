@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -32,6 +31,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+from .opaque_warnings import OpaqueWarnings
 
 logger = logging.getLogger(__name__)  # a child of "teola_plugin"
 
@@ -284,19 +284,8 @@ class LlamaIndexTracer:
 
 
 _DECLINED = object()  # a rule's "no lowering" (a rule may itself return None)
-_WARNED: set[type] = set()
-_WARNED_LOCK = threading.Lock()
-
-
-def warn_opaque_once(component: Any, reason: str) -> None:
-    """One WARNING per component type that stays opaque (traces repeat on every query)."""
-    kind = type(component)
-    with _WARNED_LOCK:
-        if kind in _WARNED:
-            return
-        _WARNED.add(kind)
-    logger.warning("TeolaExecutor runs %s.%s unchanged as one opaque step (not optimized): %s",
-                   kind.__module__, kind.__qualname__, reason)
+warn_opaque_once = OpaqueWarnings(
+    logger, "TeolaExecutor runs %s unchanged as one opaque step (not optimized): %s")
 
 
 def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None, str]:

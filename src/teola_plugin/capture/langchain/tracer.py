@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
 from ...ir.ops import Op
+from ..opaque_warnings import OpaqueWarnings
 from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
@@ -39,18 +39,7 @@ LoweringRule = Callable[["LangChainTracer", Any, Value], Value]
 _RULES: dict[type, LoweringRule] = {}
 OUT = "out"  # the output port of the opaque primitives the tracer emits
 log = logging.getLogger("teola_plugin.capture.langchain")
-_warned: set[type] = set()  # component types already reported as opaque
-_warned_lock = threading.Lock()
-
-
-def warn_opaque_once(component: Any, reason: str) -> None:
-    """One WARNING per component type that runs unchanged (not one per trace or call)."""
-    kind = type(component)
-    with _warned_lock:
-        if kind in _warned:
-            return
-        _warned.add(kind)
-    log.warning("%s runs unchanged (opaque, not scheduled by Teola): %s", kind.__name__, reason)
+warn_opaque_once = OpaqueWarnings(log, "%s runs unchanged (opaque, not scheduled by Teola): %s")
 
 
 def lowering(*types: type) -> Callable[[LoweringRule], LoweringRule]:
