@@ -182,6 +182,28 @@ def test_a_failed_deferred_ingestion_reaches_the_caller_and_is_retried(runtime, 
     assert_same_index(index, plain, min_nodes=3)
 
 
+def test_a_query_that_fails_after_claiming_gives_the_nodes_back(runtime, executor, monkeypatch):
+    """Claims are taken at plan time: a failure before the run starts (here the optimizer)
+    must not leave them held, or every later access would wait for them and time out."""
+    plain = build(runtime, 3)
+    want = ids(plain.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))
+    Settings.executor = executor
+    index = build(runtime, 3)
+    retriever = index.as_retriever(similarity_top_k=2)
+
+    def broken_optimizer(graph):
+        raise RuntimeError("optimizer broke")
+
+    monkeypatch.setattr(executor, "_prepare", broken_optimizer)
+    with pytest.raises(RuntimeError, match="optimizer broke"):
+        retriever.retrieve(QUESTIONS[0])
+    monkeypatch.undo()
+    state = PendingIngestion.of(index)
+    assert state is not None and state.has_work() and state.claim is None  # pending, and free
+    assert ids(retriever.retrieve(QUESTIONS[0])) == want
+    assert not pending(index)
+
+
 def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pending(monkeypatch):
     """Pure logic of a claim: vectors arrive by shard in any order; only the ready prefix is
     stored (LlamaIndex's insertion order), and what is not stored goes back to pending."""

@@ -20,6 +20,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from ..runtime.runtime import Runtime, default_engine_specs
 from . import metrics
 from .apps import APPS, PLAIN_CONCURRENT, PLAIN_SEQUENTIAL, TEOLA_FULL, BenchApp, Query, System, all_systems
@@ -72,7 +74,8 @@ def machine() -> str:
 
 
 def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    # tqdm.write: a log line above the progress bar instead of through it
+    tqdm.write(f"[bench {time.strftime('%H:%M:%S')}] {msg}")
 
 
 class Bench:
@@ -203,13 +206,16 @@ class Bench:
         for system in (PLAIN_SEQUENTIAL, TEOLA_FULL):  # first calls pay one-time costs (tracing, caches)
             self.run_one(app, warm, system)
         runs: list[dict[str, Any]] = []
-        for i, q in enumerate(queries):
-            order = systems[i % len(systems):] + systems[: i % len(systems)]
-            for system in order:
-                r = self.run_one(app, q, system, record_events=system is PLAIN_SEQUENTIAL)
-                runs.append(r)
-                status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
-                log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
+        # disable=None: a bar on a terminal, none in CI logs (the log lines say the same)
+        with tqdm(total=len(queries) * len(systems), desc=name, unit="run", disable=None) as bar:
+            for i, q in enumerate(queries):
+                order = systems[i % len(systems):] + systems[: i % len(systems)]
+                for system in order:
+                    r = self.run_one(app, q, system, record_events=system is PLAIN_SEQUENTIAL)
+                    runs.append(r)
+                    status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
+                    log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
+                    bar.update(1)
         bounds = [b for q in queries if (b := self.measure_bound(app, q)) is not None] if cfg.bound else []
         result = summarize_app(app, systems, runs, bounds, setup_s)
         attach_gantt_spans(result, self.runtime)

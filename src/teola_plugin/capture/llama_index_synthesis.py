@@ -139,6 +139,9 @@ class TreeLevels:
 
     def build(self, graph: PGraph, texts: list[str]) -> Ref:
         chunks = self.helper.repack(self.template, text_chunks=texts, llm=self.planner.llm)
+        if not chunks:  # TreeSummarize itself recurses on [] until RecursionError: same type, at once
+            raise RecursionError("TreeSummarize: nothing to summarize after repacking (every text was "
+                                 "empty); LlamaIndex recurses without end on this input")
         if len(chunks) == 1:  # the final answer, returned as predict() returns it
             text = self.planner.llm_call(graph, self.template, {"context_str": chunks[0]}, self.origin)
             if self.planner.streaming:

@@ -31,6 +31,7 @@ from ..capture.llama_index_ingest import embedding_graph, flush_all, pending_sta
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.manager import PassManager
+from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 
 
@@ -64,12 +65,9 @@ class TeolaExecutor:
                 raise ConfigError(f"ray_address must be a non-empty string such as 'host:6379' or 'auto', "
                                   f"got {ray_address!r}")
             runtime = Runtime(ray_address=ray_address).start()
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or timeout_s <= 0):
-            raise ConfigError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         self._passes = PassManager(passes, disabled)  # unknown names fail here, not mid-query
         self.optimize = bool(optimize)
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s)  # 0, NaN, inf, a string: ConfigError now, not mid-query
         self._runtime = runtime
         self.defer_ingestion = bool(defer_ingestion)
         self._context: TraceContext | None = None
@@ -124,7 +122,7 @@ class TeolaExecutor:
         _require(query_engine, BaseQueryEngine, "query")
         bundle = _query_bundle(query)
         app, graph = self._plan(query_engine)
-        outputs = self.runtime.run_sync(self._execute(app, graph, bundle))
+        outputs = self._run_sync(app, graph, bundle)
         if app.streaming_synthesis is not None:
             return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"])
         return outputs["response"]
@@ -133,7 +131,7 @@ class TeolaExecutor:
         _require(query_engine, BaseQueryEngine, "aquery")
         bundle = _query_bundle(query)
         app, graph = await self._aplan(query_engine)
-        outputs = await self.runtime.run_async(self._execute(app, graph, bundle))
+        outputs = await self._run_async(app, graph, bundle)
         if app.streaming_synthesis is not None:
             return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], async_=True)
         return outputs["response"]
@@ -141,12 +139,12 @@ class TeolaExecutor:
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
         app, graph = self._plan(retriever)
-        return self.runtime.run_sync(self._execute(app, graph, _query_bundle(query)))["nodes"]
+        return self._run_sync(app, graph, _query_bundle(query))["nodes"]
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
         app, graph = await self._aplan(retriever)
-        return (await self.runtime.run_async(self._execute(app, graph, _query_bundle(query))))["nodes"]
+        return (await self._run_async(app, graph, _query_bundle(query)))["nodes"]
 
     def _plan(self, target: Any) -> tuple[TracedApp, PGraph]:
         """Trace and optimize in the caller's thread (never on the runtime loop). Pending
@@ -164,7 +162,11 @@ class TeolaExecutor:
             for j in joined:
                 j.claim = j.state.try_claim(j.batches)
             if all(j.claim is not None for j in joined):
-                return app, self._prepare(app.graph)
+                try:
+                    return app, self._prepare(app.graph)
+                except BaseException:
+                    _release_claims(app)
+                    raise
             for j in joined:  # changed since the trace (another thread): store it, trace again
                 if j.claim is not None:
                     j.claim.release()
@@ -175,9 +177,31 @@ class TeolaExecutor:
         return app, self._prepare(app.graph)
 
     async def _aplan(self, target: Any) -> tuple[TracedApp, PGraph]:
-        if pending_states():  # flushing may block on embeddings: not on the caller's event loop
-            return await asyncio.to_thread(self._plan, target)
-        return self._plan(target)
+        if not pending_states():
+            return self._plan(target)
+        # Flushing may block on embeddings: not on the caller's event loop. A caller cancelled
+        # meanwhile never runs the plan, so its claims go back once the thread is done.
+        planning = asyncio.ensure_future(asyncio.to_thread(self._plan, target))
+        try:
+            return await asyncio.shield(planning)
+        except asyncio.CancelledError:
+            planning.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else _release_claims(f.result()[0]))
+            raise
+
+    # Every claim of a plan goes back when its run ends, however it ends (Claim.release is a
+    # no-op after a finished run): a run_sync interrupted before _execute started included.
+    def _run_sync(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+        try:
+            return self.runtime.run_sync(self._execute(app, graph, query))
+        finally:
+            _release_claims(app)
+
+    async def _run_async(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+        try:
+            return await self.runtime.run_async(self._execute(app, graph, query))
+        finally:
+            _release_claims(app)
 
     def flush(self) -> None:
         """Store every document ingestion still pending (all indexes), now."""
@@ -314,6 +338,12 @@ class _NodeEmbeddings:
             result.embedding = id_to_embedding[node.node_id]
             results.append(result)
         return results
+
+
+def _release_claims(app: TracedApp) -> None:
+    for j in app.ingestions:
+        if j.claim is not None:
+            j.claim.release()
 
 
 def _require(target: Any, base: type, method: str) -> None:
