@@ -11,6 +11,8 @@ passes the text on. Without callbacks both return at once. Token callbacks
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Callable
 from typing import Any
 
@@ -49,19 +51,23 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
         except Exception:  # noqa: BLE001
             params = dict(spec.sampling_params)
         serialized, options = getattr(model, "_serialized", {}), {"stop": stop}
-        if chat:
-            messages = convert_to_messages(prompt)  # the engine's role/content dicts, as messages
-            (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
-                                                 options=options, batch_size=1)
-        else:
-            (run,) = manager.on_llm_start(serialized, [prompt], invocation_params=params,
-                                          options=options, batch_size=1)
-        return run
+
+        def start() -> Any:  # user handlers may block (HTTP tracers): never on the runtime loop
+            if chat:
+                messages = convert_to_messages(prompt)  # the engine's role/content dicts, as messages
+                (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
+                                                     options=options, batch_size=1)
+            else:
+                (run,) = manager.on_llm_start(serialized, [prompt], invocation_params=params,
+                                              options=options, batch_size=1)
+            return run
+
+        return await asyncio.to_thread(start)
 
     async def report_end(run: Any, text: str) -> str:
         if run is not None:
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
-            run.on_llm_end(LLMResult(generations=[[generation]]))
+            await asyncio.to_thread(run.on_llm_end, LLMResult(generations=[[generation]]))
         return text
 
     return report_start, report_end
