@@ -19,7 +19,6 @@ from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
-from ..runtime.values import IndexHandle
 from .vector_store import FrameworkVectorStoreEngine
 
 
@@ -34,10 +33,7 @@ class ExecutionPlan:
         return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
-        feed = self.trace.layout.feed(input)
-        for name, (engine, _) in self.trace.stores.items():
-            feed[name] = IndexHandle(engine)
-        return feed
+        return self.trace.feed(input)
 
     async def serve_stores(self, runtime: Runtime) -> None:
         for engine, store in self.trace.stores.values():

@@ -107,6 +107,14 @@ class LangChainTrace:
     stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
     opaque: list[OpaqueComponent] = field(default_factory=list)
 
+    def feed(self, input: Any) -> dict[str, Any]:
+        """The graph's inputs for one call: the input's fields, and a handle per served store."""
+        from ...runtime.values import IndexHandle
+
+        feed = self.layout.feed(input)
+        feed.update({name: IndexHandle(engine) for name, (engine, _) in self.stores.items()})
+        return feed
+
 
 def single_output(value: Any) -> Any:
     """Protect a value from the opaque handler's unpacking of ``{"out": ...}`` results."""
@@ -137,12 +145,8 @@ class TraceOnlyPlanner:
         self.engine_models = dict(engine_models or {})
 
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
-        from ...runtime.values import IndexHandle
-
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
-        feed = trace.layout.feed(input)
-        feed.update({name: IndexHandle(engine) for name, (engine, _) in trace.stores.items()})
-        return trace.graph, feed
+        return trace.graph, trace.feed(input)
 
 
 class LangChainTracer:
