@@ -46,8 +46,10 @@ class FrameworkVectorStoreEngine(Engine):
         """Route inserts on ``index`` to ``claim`` (one run's pending nodes) until :meth:`forget`."""
         self._claims[index] = claim
 
-    def forget(self, index: str) -> None:
-        self._claims.pop(index, None)
+    def forget(self, index: str, claim: Any) -> None:
+        """Stop routing ``index`` to ``claim``; a newer run's claim on the same index stays."""
+        if self._claims.get(index) is claim:
+            del self._claims[index]
 
     async def batch_insert(self, requests: list[dict[str, Any]]) -> list[int]:
         """Requests ``{"index", "ids", "vectors", ...}``; ids are node positions in the claim."""

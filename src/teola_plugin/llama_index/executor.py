@@ -16,6 +16,7 @@ time (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler logic 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -92,9 +93,12 @@ class TeolaExecutor:
     def _prepare(self, graph: PGraph) -> PGraph:
         return self._passes.run(graph) if self.optimize else graph
 
-    def traced(self, target: Any) -> TracedApp:
+    def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
         """The trace with its bookkeeping (bound inputs, local engines, notes)."""
-        return trace(target, self._trace_context())
+        ctx = self._trace_context()
+        if not join_ingestion:  # a copy: the shared context may be tracing in another thread
+            ctx = dataclasses.replace(ctx, join_ingestion=False)
+        return trace(target, ctx)
 
     def trace(self, target: Any) -> PGraph:
         """The primitive graph of ``target`` as traced (module order, before optimization)."""
@@ -172,8 +176,9 @@ class TeolaExecutor:
                     j.claim.release()
             flush_all()
         flush_all()
-        app = self.traced(target)
-        app.ingestions = [j for j in app.ingestions if j.engine is None]  # (nothing left to join)
+        # Still contended: trace without joining, so the graph holds no insert without a claim
+        # (pending work that arrived meanwhile is flushed by its next reader).
+        app = self.traced(target, join_ingestion=False)
         return app, self._prepare(app.graph)
 
     async def _aplan(self, target: Any) -> tuple[TracedApp, PGraph]:
@@ -221,7 +226,7 @@ class TeolaExecutor:
                                               timeout_s=self.timeout_s)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
-                j.engine.forget(j.index_name)
+                j.engine.forget(j.index_name, j.claim)
                 j.claim.release()
 
     # -- ingestion: node embeddings of a VectorStoreIndex (capture/llama_index_ingest.py) -------------
