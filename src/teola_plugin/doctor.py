@@ -70,8 +70,7 @@ def _ray() -> str:
     from .runtime.runtime import Runtime
 
     # Started exactly as the embedded runtime starts it (own instance, auth, node address).
-    runtime = Runtime({}, hosting="ray")
-    runtime._init_ray()
+    runtime = Runtime({}, hosting="ray").start()
     try:
         return f"{ray.__version__}, cluster resources {ray.cluster_resources()}"
     finally:
