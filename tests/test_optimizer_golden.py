@@ -216,6 +216,54 @@ def test_pipeline_decode_streams_expanded_queries_into_retrieval():
     assert same_outputs(g, out, question="w4", docs=DOCS, index="idx")
 
 
+# -- engines sharing hardware ----------------------------------------------------------
+SHARED_CPU = CostModel.default().with_compute_groups({}, default_group="cpu:host")  # no GPU: one set of cores
+
+
+def test_overlap_passes_decline_when_every_engine_shares_the_cpu():
+    """On one CPU, overlapping the embedder with the store or with vLLM frees no time: each
+    pass that only overlaps engines keeps the graph, and says nothing was worth it."""
+    pm = PassManager(["prune", "decompose"], options={"max_shards": 4})
+    linear = CostModel({"embedder": {"embed": {"batch": [0, 100], "latency_s": [0.0, 1.0]}},
+                        "vector_store": {"vector_insert": {"batch": [0, 100], "latency_s": [0.0, 1.0]}}})
+    assert len(by_op(pm.run(naive_rag(), linear), Op.EMBED)) == 5  # own hardware: sharded
+    assert by_op(pm.run(naive_rag(), linear.with_compute_groups({}, default_group="cpu")), Op.EMBED) == [
+        "embed", "embed_1"]
+    web = CostModel({"search": {"search": {"batch": [1], "latency_s": [0.8]}}})
+    assert by_op(PassManager(["prune", "split_prefill"]).run(search_augmented(), web), Op.LLM_PARTIAL_PREFILL)
+    shared_web = web.with_compute_groups({"search": "cpu", "llm": "cpu"})
+    assert not by_op(PassManager(["prune", "split_prefill"]).run(search_augmented(), shared_web),
+                     Op.LLM_PARTIAL_PREFILL)
+    out = optimize(advanced_rag(), passes=["prune", "pipeline_decode"], cost_model=SHARED_CPU)
+    assert "stream_items" not in out["llm_decode"].attrs
+
+
+def test_a_search_on_other_hardware_still_hides_a_prefill_on_a_shared_cpu():
+    """Only work on the LLM's own hardware counts: a remote search engine still hides it."""
+    web = CostModel({"search": {"search": {"batch": [1], "latency_s": [0.8]}}})
+    split = web.with_compute_groups({"search": "remote", "llm": "cpu", "cpu": "cpu"})
+    assert len(by_op(PassManager(["prune", "split_prefill"]).run(search_augmented(), split),
+                     Op.LLM_PARTIAL_PREFILL)) == 1
+
+
+def test_compute_groups_follow_engine_names_then_kinds_then_the_default():
+    from teola_plugin.ir.node import Primitive
+
+    cost = CostModel(compute_groups={"llm": "gpu:0", "cpu": "host"}, default_group="host")
+    assert cost.compute_group("llm", "llm") == "gpu:0"
+    assert cost.compute_group("my_embedder", "embedder") == "host"
+    assert CostModel().compute_group("a") != CostModel().compute_group("b")  # nobody said: apart
+    with pytest.raises(ConfigError, match="compute_groups"):
+        CostModel(compute_groups={"llm": 0})
+    g = naive_rag()
+    assert cost.shares_compute(g["embed"], g["chunk"]) and not cost.shares_compute(g["embed"], g["llm_prefill"])
+    assert isinstance(g["embed"], Primitive)
+    gpu = CostModel(compute_groups={"llm": "gpu:llm"}, default_group="cpu:host")
+    a = advanced_rag()
+    assert not gpu.shares_compute(a["llm_prefill"], a["llm_prefill_1"])  # batched on the GPU
+    assert SHARED_CPU.shares_compute(a["llm_prefill"], a["llm_prefill_1"])  # one CPU: they take turns
+
+
 # -- dead code -------------------------------------------------------------------------
 def test_dead_code_removes_unused_pure_work_only():
     g = naive_rag()

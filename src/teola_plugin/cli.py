@@ -62,8 +62,10 @@ def _graph(args: argparse.Namespace) -> int:
 
     build = app_graphs.APPS[args.app]
     before = build()
-    after = optimize(build(), disabled=args.disable or ())
     cost = CostModel.default()
+    if args.hardware == "shared-cpu":  # every engine on one machine's cores, as without a GPU
+        cost = cost.with_compute_groups({}, default_group="cpu:host")
+    after = optimize(build(), disabled=args.disable or (), cost_model=cost)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.app}_before.mmd").write_text(before.to_mermaid())
@@ -73,7 +75,7 @@ def _graph(args: argparse.Namespace) -> int:
     png = to_png({f"{args.app}: module order": before, f"{args.app}: optimized": after}, out / f"{args.app}.png")
     print(after.explain())
     print(f"\ncritical path: {before.critical_path(cost)[0]:.3f} s before, {after.critical_path(cost)[0]:.3f} s after"
-          f" (default cost model)\nwrote {out}/{args.app}_{{before,after}}.{{mmd,dot}} and {png}")
+          f" (default cost model, unlimited engines; planned for {args.hardware} hardware)\nwrote {out}/{args.app}_{{before,after}}.{{mmd,dot}} and {png}")
     return 0
 
 
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "optimization (Mermaid, DOT and a PNG picture) and prints what each pass changed.")
     p.add_argument("app", choices=sorted(APPS), help="which app")
     p.add_argument("--disable", action="append", metavar="PASS", help="a pass to switch off (repeatable)")
+    p.add_argument("--hardware", choices=("own", "shared-cpu"), default="own",
+                   help="plan for engines each on their own hardware (a GPU deployment; default) or all "
+                        "sharing one CPU (a machine without GPU: passes that only overlap engines decline)")
     p.add_argument("--out", default="out/graphs", help="where the pictures go (default out/graphs)")
     p.set_defaults(fn=_graph)
 

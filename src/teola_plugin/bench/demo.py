@@ -38,7 +38,7 @@ def write_pictures(app: NaiveDocQA, query: Query, out: Path) -> None:
     executor = app._executors[TEOLA_FULL.name]
     engine = app.query_engine(query.data["docs"], use_async=False)
     traced = executor.trace(engine)
-    optimized = optimize(traced)
+    optimized = optimize(traced, cost_model=executor.runtime.cost_model())  # as the run plans it
     (out / "graph_module_order.mmd").write_text(traced.to_mermaid())
     (out / "graph_teola.mmd").write_text(optimized.to_mermaid())
     to_png({"module order (as traced)": traced, "teola (optimized)": optimized}, out / "graph.png")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
+from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
@@ -29,8 +30,10 @@ class ExecutionPlan:
 
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
-              disabled: Iterable[str] = ()) -> ExecutionPlan:
-        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled))
+              disabled: Iterable[str] = (), runtime: Runtime | None = None) -> ExecutionPlan:
+        """Optimize ``trace``; with ``runtime``, its cost model (which engines share hardware)."""
+        cost = runtime.cost_model() if runtime is not None else None
+        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
         return self.trace.feed(input)
@@ -65,8 +68,8 @@ class SubPlans:
 
     MAX_PLANS = 128
 
-    def __init__(self, runtime: Runtime, engine_models: Mapping[str, str], passes: Sequence[str] | None = None,
-                 disabled: Iterable[str] = ()) -> None:
+    def __init__(self, runtime: Runtime, engine_models: Mapping[str, ServedModel | str],
+                 passes: Sequence[str] | None = None, disabled: Iterable[str] = ()) -> None:
         self.runtime = runtime
         self.engine_models = dict(engine_models)
         self.passes, self.disabled = passes, tuple(disabled)
@@ -80,7 +83,7 @@ class SubPlans:
             if known is not None:
                 return known[1]
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
-        plan = ExecutionPlan.build(trace, self.passes, self.disabled)
+        plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime)
         with self._lock:
             self._plans[key] = (runnable, plan)  # the runnable is kept alive with its id
             while len(self._plans) > self.MAX_PLANS:

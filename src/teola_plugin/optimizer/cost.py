@@ -28,6 +28,15 @@ A primitive's work count comes from its attrs, set by lowering where it is known
 ``est_items``; for LLM ops ``est_prompt_tokens`` (minus ``cached_prefix_tokens``) and
 ``max_tokens``. A shard does 1/n of it; a node streamed from a decode costs one item
 (the rest overlaps the decode). ``attrs["est_latency_s"]`` overrides everything.
+
+*Compute groups* say which engines compute on the same hardware. Work on two engines of
+one group does not overlap for free: on a CPU-only machine the embedder and vLLM share
+the same cores, so running them side by side makes each slower. Passes whose gain is
+such overlap (stage decomposition, prefill splitting, decode pipelining) ask
+:meth:`CostModel.shares_compute` and count overlapped work in one group as serial.
+Without groups (the default) every engine is its own group. The runtime derives them
+from where it places engines (:meth:`Runtime.cost_model`): ``cpu:...`` groups are
+time-shared cores, ``gpu:...`` groups an accelerator of one engine.
 """
 
 from __future__ import annotations
@@ -108,13 +117,44 @@ def _curves(profiles: Mapping[str, Any]) -> dict[str, dict[str, Curve]]:
 
 
 class CostModel:
-    def __init__(self, profiles: Mapping[str, Any] | None = None, *, source: str = "built-in defaults"):
-        """``profiles`` as in the file's "profiles" object; it overrides the defaults per op."""
+    def __init__(self, profiles: Mapping[str, Any] | None = None, *, source: str = "built-in defaults",
+                 compute_groups: Mapping[str, str] | None = None, default_group: str | None = None):
+        """``profiles`` as in the file's "profiles" object; it overrides the defaults per op.
+        ``compute_groups``: engine instance name (or kind) -> the hardware it computes on;
+        ``default_group``: the group of engines not listed (None: each its own)."""
         self._curves = _curves(DEFAULT_PROFILES)
         for engine, ops in _curves(profiles or {}).items():
             self._curves.setdefault(engine, {}).update(ops)
         self.source = source
+        if compute_groups is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in dict(compute_groups).items()):
+            raise ConfigError(f"compute_groups must map engine names to group names (str), got {compute_groups!r:.80}")
+        self.compute_groups: dict[str, str] = dict(compute_groups or {})
+        self.default_group = default_group
         self._memo: dict[tuple[str, str, str | None, float], float] = {}  # graphs repeat shapes
+
+    def with_compute_groups(self, groups: Mapping[str, str], default_group: str | None = None) -> CostModel:
+        """The same profiles with ``groups`` (see the module doc) added to this model's."""
+        out = CostModel(source=self.source, compute_groups={**self.compute_groups, **groups},
+                        default_group=default_group or self.default_group)
+        out._curves = self._curves
+        return out
+
+    def compute_group(self, engine: str, kind: str | None = None) -> str:
+        """The hardware ``engine`` computes on (by instance name, then kind, then the default);
+        its own when nobody said."""
+        return (self.compute_groups.get(engine) or self.compute_groups.get(kind or "")
+                or self.default_group or f"engine:{engine}")
+
+    def shares_compute(self, a: Primitive, b: Primitive) -> bool:
+        """Do ``a`` and ``b`` take turns on the same hardware, so that overlapping them saves
+        nothing? Not when nobody gave groups (the unlimited-engines model), nor for two
+        requests to one engine on a ``gpu:`` group (a GPU hides a prefill in decode steps by
+        continuous batching); on a CPU group even one engine's requests take turns."""
+        group = self.compute_group(a.engine, a.kind)
+        if group != self.compute_group(b.engine, b.kind) or group.startswith("engine:"):
+            return False
+        return not (a.engine == b.engine and group.startswith("gpu"))
 
     @classmethod
     def default(cls) -> CostModel:
@@ -135,7 +175,8 @@ class CostModel:
         return cls.from_dict(data, source=str(path))
 
     def __repr__(self) -> str:
-        return f"CostModel({self.source})"
+        groups = f", compute_groups={self.compute_groups}" if self.compute_groups else ""
+        return f"CostModel({self.source}{groups})"
 
     # -- queries -------------------------------------------------------------------------
     def latency(self, engine: str, op: Op | str, items: float, kind: str | None = None) -> float:

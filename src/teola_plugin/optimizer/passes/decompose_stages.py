@@ -8,7 +8,9 @@ on). Control dependents of a link wait for all its shards.
 
 n comes from the cost model, not a constant: the estimated pipeline makespan of n
 shards, ``sum of one shard's stage costs + (n - 1) * busiest engine's per-shard cost``,
-plus the gathering aggregate, must beat the unsplit chain; shards hold at least
+plus the gathering aggregate, must beat the unsplit chain. "Engine" there means compute
+group (:meth:`CostModel.compute_group`): stages whose engines share the hardware (the
+embedder and the store on one CPU) take turns on it, so their shard costs add up; shards hold at least
 ``min_shard_items`` (option, default 8) and n <= ``max_shards`` (default 16). Shards
 pay each engine call's fixed overhead again, so a small input stays whole (n = 1).
 """
@@ -58,10 +60,10 @@ def choose_shards(graph: PGraph, chain: list[Primitive], ctx: PassContext) -> in
     best_n, best = 1, sum(whole)
     for n in range(2, max_n + 1):
         part = stage_costs(n)
-        per_engine: dict[str, float] = defaultdict(float)
+        per_group: dict[str, float] = defaultdict(float)  # stages sharing hardware take turns
         for m, c in zip(chain, part):
-            per_engine[m.engine] += c
-        makespan = sum(part) + (n - 1) * max(per_engine.values()) + gather
+            per_group[cost.compute_group(m.engine, m.kind)] += c
+        makespan = sum(part) + (n - 1) * max(per_group.values()) + gather
         # Whatever reads a link's gathered result must not get it later than before.
         no_later = all(sum(part[: k + 1]) + gather <= sum(whole[: k + 1]) for k in leaving)
         if no_later and makespan < best:

@@ -10,7 +10,9 @@ results where they leave the chain (e.g. before the rank fusion that needs all l
 
 Values are unchanged (the interpreter ignores streaming); only timing is: the cost
 model charges a streamed link only for the last item, the rest hides behind the
-decode. Applied only when that saving exceeds the collecting aggregate's cost.
+decode. Applied only when that saving exceeds the collecting aggregate's cost. A link on
+the decoding LLM's own hardware (:meth:`CostModel.shares_compute`: the embedder on the
+CPU cores vLLM decodes on) saves nothing: its work only moves into the decode's time.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
             members = {m.name for m in chain}
             saved, ok = 0.0, True
             for m in chain:
-                saved += cost.node_cost(m) - cost.node_cost(m, items=1)
+                if not cost.shares_compute(m, decode):
+                    saved += cost.node_cost(m) - cost.node_cost(m, items=1)
                 if leaving_ports(graph, m, members) and saved <= gather:
                     ok = False
             if ok:

@@ -13,6 +13,9 @@ Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_char
 default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable),
 or when the cost model says the prefill would not finish earlier (the second request
 costs a fixed overhead; it pays only if retrieval is long enough to hide the prefix).
+Retrieval hides the prefix only on other hardware: work in the window on the LLM's own
+compute group (e.g. the embedder on the same CPU cores as vLLM) is delayed by the
+partial prefill instead, so a CPU-only machine rarely gains from this pass.
 """
 
 from __future__ import annotations
@@ -50,9 +53,21 @@ def _known_prefix(fmt: Primitive, early: set[str]) -> list[Any]:
     return list(parts)
 
 
+def _ancestors(graph: PGraph, names: Any) -> set[str]:
+    seen: set[str] = set()
+    stack = [n for n in names if n in graph]
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(graph.predecessors(name))
+    return seen
+
+
 def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitive,
               prefix: list[Any], tokens: int) -> bool:
-    """Would the prefill finish earlier (unlimited engines) with the prefix prefilled ahead?"""
+    """Would the prefill finish earlier with the prefix prefilled ahead? Engines on other
+    hardware run side by side; work on the LLM's own hardware takes turns with it."""
     cost, finish = ctx.cost_model, ctx.finish_times(graph)
 
     def ready(names: Any) -> float:
@@ -61,11 +76,17 @@ def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitiv
     fmt_done = ready(graph.predecessors(fmt.name)) + cost.node_cost(fmt)
     others = ready(q for q in graph.predecessors(prefill.name) if q != fmt.name)
     prefix_inputs = [fmt.inputs[v].node for v in template_vars(prefix) if fmt.inputs[v].node != INPUT]
-    prefix_done = (ready([*prefix_inputs, *fmt.after]) + cost.node_cost(fmt)
-                   + cost.latency(prefill.engine, Op.LLM_PARTIAL_PREFILL, tokens, prefill.kind))
+    partial = cost.latency(prefill.engine, Op.LLM_PARTIAL_PREFILL, tokens, prefill.kind)
+    prefix_done = ready([*prefix_inputs, *fmt.after]) + cost.node_cost(fmt) + partial
+    # The window the partial prefill runs in: what the full prompt waits for and the prefix
+    # does not. Its work on the LLM's hardware finishes later by up to the partial's time.
+    window = (_ancestors(graph, graph.predecessors(prefill.name))
+              - _ancestors(graph, [*prefix_inputs, *fmt.after]) - {fmt.name})
+    shared = sum(ctx.cost(graph[n]) for n in window if cost.shares_compute(graph[n], prefill))
+    delay = min(partial, shared)
     old_end = max(fmt_done, others) + cost.node_cost(prefill)
     rest = max(1.0, cost.work_items(prefill) - tokens)
-    return max(fmt_done, others, prefix_done) + cost.node_cost(prefill, items=rest) < old_end
+    return max(fmt_done + delay, others + delay, prefix_done) + cost.node_cost(prefill, items=rest) < old_end
 
 
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
