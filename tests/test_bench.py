@@ -101,3 +101,32 @@ def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
     assert "pytest tests/test_bench.py" in page and "| teola-full | 1 |" in page
     for name in ("cdf", "speedup", "gantt_search_gen"):
         assert written[name].read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_llama_index_apps_stream_the_same_answer_and_report_the_first_token(runtime):
+    """Under load the LlamaIndex apps stream (``streaming=True`` + ``aquery``), plain and on
+    Teola: the streamed text is the answer, with the same sources, and the time to its first
+    token is measured from the query's arrival (indexing included)."""
+    import asyncio
+
+    from llama_index.core import Settings
+
+    from teola_plugin.bench.apps.base import PLAIN_CONCURRENT, TEOLA_FULL
+    from teola_plugin.bench.apps.llama_apps import NaiveDocQA
+
+    app = NaiveDocQA(runtime, max_tokens=12)
+    app.n_docs = 12  # a small upload: the streaming path, not the indexing, is under test
+    (query,) = app.queries(1)
+    saved = Settings._llm, Settings._embed_model  # the private slots: the getters resolve defaults
+    try:
+        app.setup([query])
+        for system in (PLAIN_CONCURRENT, TEOLA_FULL):
+            whole = asyncio.run(app.arun(query, system))
+            streamed = asyncio.run(app.arun(query, system, stream=True))
+            assert streamed.text == whole.text and streamed.text
+            assert streamed.sources == whole.sources and len(whole.sources) == 3
+            assert streamed.ttft_s is not None and whole.ttft_s is None
+    finally:
+        Settings.executor = None
+        Settings._llm, Settings._embed_model = saved

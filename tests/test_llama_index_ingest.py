@@ -237,3 +237,153 @@ def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pe
         state.batches.clear()
         ingest._unregister(state)
         assert state not in ingest.pending_states()
+
+
+# -- claim routing: by join id, never by index name -----------------------------------------------
+def stub_pending(ingest, label: str, ids: range) -> PendingIngestion:
+    """A pending stub index (never a real store) whose nodes are ``<label><i>``."""
+    from types import SimpleNamespace
+
+    from llama_index.core.schema import TextNode
+
+    state = PendingIngestion.of(SimpleNamespace(_index_struct=None, label=label), create=True)
+    state.add(ingest.PendingBatch("struct", [TextNode(id_=f"{label}{i}", text=f"t{i}") for i in ids]))
+    return state
+
+
+def insert_request(join_id: str, positions: list[int]) -> dict:
+    import numpy as np
+
+    # Every join inserts through the same index name here: only the join id tells them apart.
+    return {"index": "retriever-shared", "ids": [str(p) for p in positions],
+            "vectors": np.full((len(positions), 2), float(positions[0])), "texts": [""] * len(positions),
+            "metadatas": [{"claim": join_id}] * len(positions)}
+
+
+def test_the_store_engine_routes_each_insert_to_the_claim_its_join_names(monkeypatch):
+    """Pure logic (no engine): two claims live on one engine at once each get their own
+    inserts; an abandoned run's late insert reaches neither its successor's claim nor the
+    store; an unknown join id is an input error naming it."""
+    import asyncio
+
+    from teola_plugin.capture import llama_index_ingest as ingest
+    from teola_plugin.engines.llama_index_store import FrameworkVectorStoreEngine
+    from teola_plugin.errors import EngineInputError
+
+    stored: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(ingest, "_ADD_NODES", lambda index, struct, nodes, **kw: stored.append(
+        (index.label, [n.node_id for n in nodes])))
+    insert = lambda *requests: asyncio.run(engine.batch_insert(list(requests)))  # noqa: E731
+    a, b = stub_pending(ingest, "a", range(2)), stub_pending(ingest, "b", range(3))
+    engine = FrameworkVectorStoreEngine(object(), name="store")
+    try:
+        claim_a, claim_b = a.try_claim(list(a.batches)), b.try_claim(list(b.batches))
+        engine.expect("join-a", claim_a)
+        engine.expect("join-b", claim_b)
+        insert(insert_request("join-b", [1, 2]), insert_request("join-a", [0, 1]), insert_request("join-b", [0]))
+        assert stored == [("a", ["a0", "a1"]), ("b", ["b0", "b1", "b2"])]
+        assert a.claim is None is b.claim and not a.batches and not b.batches
+        with pytest.raises(RuntimeError, match="already routes"):
+            engine.expect("join-a", claim_b)  # one join, one claim
+
+        # A run whose caller gave up, and the next run claiming the same nodes: the old run's
+        # late insert must not land in the new claim (whose positions are its own).
+        stored.clear()
+        a = stub_pending(ingest, "a", range(2, 4))
+        old = a.try_claim(list(a.batches))
+        engine.expect("join-old", old)
+        old.release()
+        new = a.try_claim(list(a.batches))
+        engine.expect("join-new", new)
+        with pytest.raises(RuntimeError, match="abandoned"):
+            insert(insert_request("join-old", [0, 1]))
+        engine.forget("join-old", new)  # not its claim: the route stays
+        engine.forget("join-old", old)
+        with pytest.raises(EngineInputError, match="no pending ingestion for join 'join-old'"):
+            insert(insert_request("join-old", [0]))
+        with pytest.raises(EngineInputError, match="join-nobody"):  # checked before anything is stored
+            insert(insert_request("join-new", [0]), insert_request("join-nobody", [0]))
+        assert stored == [] and a.claim is new
+        insert(insert_request("join-new", [1]), insert_request("join-new", [0]))
+        assert stored == [("a", ["a2", "a3"])] and a.claim is None
+    finally:  # these stub indexes must not reach a later flush
+        for state in (a, b):
+            state.batches.clear()
+            ingest._unregister(state)
+
+
+def test_concurrent_queries_each_insert_their_own_pending_nodes_once(runtime, executor, monkeypatch):
+    """Two queries at once (asyncio.gather): a fusion over two indexes sharing one vector
+    store (two joins on one store engine in one graph) and a query engine on a third index.
+    Every node is stored by its own query's graph, into its own index, exactly once, and
+    the results are plain LlamaIndex's."""
+    import asyncio
+    from collections import Counter
+
+    from llama_index.core import StorageContext
+    from llama_index.core.retrievers import QueryFusionRetriever
+    from llama_index.core.vector_stores import SimpleVectorStore
+
+    from teola_plugin.capture import llama_index_ingest as ingest
+
+    llm = TeolaLLM(runtime=runtime, max_tokens=8)
+
+    def indexes() -> list[VectorStoreIndex]:
+        shared = SimpleVectorStore()
+        return [VectorStoreIndex.from_documents(
+            documents(3, start), embed_model=TeolaEmbedding(runtime=runtime), transformations=[splitter()],
+            storage_context=StorageContext.from_defaults(vector_store=store))
+            for start, store in ((0, shared), (3, shared), (6, SimpleVectorStore()))]
+
+    def apps(a, b, c):
+        fusion = QueryFusionRetriever([a.as_retriever(similarity_top_k=2), b.as_retriever(similarity_top_k=2)],
+                                      llm=llm, num_queries=1, similarity_top_k=3, use_async=False)
+        return fusion, c.as_query_engine(llm=llm, similarity_top_k=2)
+
+    questions = QUESTIONS[0], QUESTIONS[2]
+    plain_indexes = indexes()
+    plain_fusion, plain_engine = apps(*plain_indexes)
+    plain_nodes, plain_answer = plain_fusion.retrieve(questions[0]), plain_engine.query(questions[1])
+
+    Settings.executor = executor
+    teola_indexes = indexes()
+    assert all(pending(i) for i in teola_indexes)
+    owner = {id(i): k for k, i in enumerate(teola_indexes)}
+    stored: Counter = Counter()
+    by_graph: set[str] = set()
+    add_nodes, store = ingest._ADD_NODES, Claim._store
+
+    def recording_add_nodes(index, struct, nodes, **kwargs):
+        stored.update((owner.get(id(index)), n.node_id) for n in nodes)
+        return add_nodes(index, struct, nodes, **kwargs)
+
+    def recording_store(self, batch, nodes):
+        by_graph.update(n.node_id for n in nodes)
+        return store(self, batch, nodes)
+
+    monkeypatch.setattr(ingest, "_ADD_NODES", recording_add_nodes)
+    monkeypatch.setattr(Claim, "_store", recording_store)
+    fusion, query_engine = apps(*teola_indexes)
+
+    async def both():
+        return await asyncio.gather(executor.aretrieve(fusion, questions[0]),
+                                    executor.aquery(query_engine, questions[1]))
+
+    nodes, answer = asyncio.run(both())
+    assert not any(pending(i) for i in teola_indexes)
+    want = Counter((k, node_id) for k, i in enumerate(plain_indexes) for node_id in i.index_struct.nodes_dict)
+    assert stored == want and set(stored.values()) == {1}  # each node once, into its own index
+    assert by_graph == {node_id for _, node_id in want}  # all by the queries' graphs (none flushed)
+    for teola, plain in zip(teola_indexes, plain_indexes):
+        assert sorted(teola.docstore.docs) == sorted(plain.docstore.docs)
+        assert teola.index_struct.nodes_dict == plain.index_struct.nodes_dict
+    for store_of in (0, 2):  # the shared store and the third one
+        got = teola_indexes[store_of].vector_store.data.embedding_dict
+        expected = plain_indexes[store_of].vector_store.data.embedding_dict
+        assert sorted(got) == sorted(expected)  # (the shared store's order is whichever insert came first)
+        for node_id, vector in expected.items():
+            assert got[node_id] == pytest.approx(vector, abs=1e-5)
+    assert ids(nodes) == ids(plain_nodes) and len(plain_nodes) == 3
+    assert [n.score for n in nodes] == pytest.approx([n.score for n in plain_nodes], abs=1e-5)
+    assert ids(answer.source_nodes) == ids(plain_answer.source_nodes)
+    assert answer.response == plain_answer.response  # one LLM call in flight: no batching with another

@@ -95,7 +95,53 @@ def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executo
 
     other = Vllm.model_construct(model="/no/such/model", temperature=0.0, max_new_tokens=24)
     (note,) = executor.traced(index.as_query_engine(llm=other)).opaque
-    assert note.component == "CompactAndRefine" and "not the model the engine serves" in note.reason
+    assert note.component == "CompactAndRefine" and "is not the model of a Teola LLM engine" in note.reason
     sampled = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24, presence_penalty=0.5)
     (note,) = executor.traced(index.as_query_engine(llm=sampled)).opaque
     assert "presence_penalty" in note.reason
+
+
+def test_vllm_loaded_unlike_the_engine_stays_opaque_and_says_how():
+    """Tracing only, on a runtime never started: how its engine loads the model comes from
+    the engine spec (no engine call), and LangChain's VLLM rule judges it the same way."""
+    import dataclasses
+
+    from langchain_community.llms import VLLM
+    from langchain_core.prompts import PromptTemplate
+    from llama_index.llms.vllm import Vllm
+
+    from teola_plugin.capture.langchain import InputLayout, trace_runnable
+    from teola_plugin.capture.vllm_identity import served_models
+    from teola_plugin.config import default_model_dir
+    from teola_plugin.llama_index import TeolaEmbedding, TeolaExecutor
+    from teola_plugin.runtime.runtime import Runtime, default_engine_specs
+
+    specs = default_engine_specs()
+    specs["llm"] = dataclasses.replace(specs["llm"], kwargs={"engine_kwargs": {"quantization": "fp8"}})
+    runtime = Runtime(specs, hosting="local")
+    executor = TeolaExecutor(runtime=runtime)
+    index = VectorStoreIndex([], embed_model=TeolaEmbedding(runtime=runtime))
+    served = str(default_model_dir())
+
+    def query_engine(**loading):
+        llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=8, **loading)
+        return index.as_query_engine(llm=llm)
+
+    same = query_engine(vllm_kwargs={"quantization": "fp8", "gpu_memory_utilization": 0.5})  # placement differs
+    app = executor.traced(same)
+    assert app.opaque == [] and [n.component for n in app.notes if n.kind == "expands"] == ["CompactAndRefine"]
+
+    for loading, difference in [
+        ({"dtype": "float16", "vllm_kwargs": {"quantization": "fp8"}}, "dtype 'float16' (engine: 'auto')"),
+        ({"vllm_kwargs": {}}, "quantization None (engine: 'fp8')"),
+        ({"vllm_kwargs": {"quantization": "fp8", "max_model_len": 2048}}, "max_model_len 2048 (engine: 4096)"),
+    ]:
+        (note,) = executor.traced(query_engine(**loading)).opaque
+        assert note.component == "CompactAndRefine" and difference in note.reason, note.reason
+    assert "dtype 'float16' (engine: 'auto')" in executor.explain(query_engine(dtype="float16"))
+    assert runtime._loop is None  # recognising a Vllm never called an engine
+
+    # The LangChain rule shares the judgement (capture/vllm_identity.py).
+    chain = PromptTemplate.from_template("Q: {q}") | VLLM.model_construct(model=served, dtype="float16")
+    (opaque,) = trace_runnable(chain, InputLayout.of({"q": "x"}), engine_models=served_models(runtime)).opaque
+    assert "dtype 'float16' (engine: 'auto')" in opaque.reason

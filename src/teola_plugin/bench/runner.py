@@ -235,6 +235,8 @@ class Bench:
         results: dict[str, Any] = {"machine": machine(), "command": cfg.command, "mode": cfg.mode,
                                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                    "config": {k: v for k, v in vars(cfg).items()}, "apps": {},
+                                   # which engines the optimizer planned as sharing hardware
+                                   "compute_groups": dict(self.runtime.cost_model().compute_groups),
                                    # other processes on the machine skew every number: say how busy it was
                                    "load_avg_1_5_15": {"start": [round(x, 2) for x in os.getloadavg()]}}
         try:

@@ -23,6 +23,7 @@ import atexit
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
 from ..runtime.values import IndexHandle
+from .llama_index_progress import NodeProgress
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class PendingBatch:
     index_struct: Any
     nodes: list[Any]
     insert_kwargs: dict[str, Any] = field(default_factory=dict)
+    show_progress: bool = False  # LlamaIndex's show_progress for this call: its embedding bar
 
 
 _REGISTRY: dict[int, PendingIngestion] = {}  # strong refs: pending work is never garbage
@@ -117,7 +120,7 @@ class PendingIngestion:
             if self.claim is not None or len(self.batches) != len(expected) or any(
                     a is not b for a, b in zip(self.batches, expected)):
                 return None
-            self.claim, self.batches = Claim(self, self.batches), []
+            self.claim, self.batches = Claim(self, self.batches, progress=True), []
             return self.claim
 
     def flush(self, timeout_s: float = FLUSH_WAIT_S) -> None:
@@ -164,9 +167,12 @@ class Claim:
     node position (:meth:`receive`, from any shard in any order); only the ready prefix is
     stored, so the store, docstore and index struct see plain LlamaIndex's insertion order."""
 
-    def __init__(self, state: PendingIngestion, batches: list[PendingBatch]) -> None:
+    def __init__(self, state: PendingIngestion, batches: list[PendingBatch], progress: bool = False) -> None:
         self.state = state
         self.batches = batches
+        # A graph run's bar counts vectors as they arrive; a flush embeds through
+        # _add_nodes_to_index, whose embedding step shows its own bar.
+        self.progress = NodeProgress.for_batches(batches if progress else [])
         self.lock = threading.Lock()
         self.batch_i = 0  # first batch not fully stored
         self.node_i = 0  # first node of it not stored
@@ -186,7 +192,7 @@ class Claim:
             b = self.batches[k]
             start = self.node_i if k == self.batch_i else 0
             if start < len(b.nodes):
-                out.append(PendingBatch(b.index_struct, b.nodes[start:], b.insert_kwargs))
+                out.append(PendingBatch(b.index_struct, b.nodes[start:], b.insert_kwargs, b.show_progress))
         return out
 
     def _store(self, batch: PendingBatch, nodes: list[Any]) -> None:
@@ -200,7 +206,8 @@ class Claim:
         through the executor when one is installed)."""
         for k in range(self.batch_i, len(self.batches)):
             b = self.batches[k]
-            _ADD_NODES(self.state.index, b.index_struct, b.nodes[self.node_i:], **b.insert_kwargs)
+            _ADD_NODES(self.state.index, b.index_struct, b.nodes[self.node_i:], show_progress=b.show_progress,
+                       **b.insert_kwargs)
             self.batch_i, self.node_i = k + 1, 0
         self._finish()
 
@@ -211,6 +218,7 @@ class Claim:
                 raise RuntimeError("insert of an abandoned ingestion run (its nodes are pending again)")
             for p, v in zip(positions, vectors):
                 self.vectors[int(p)] = [float(x) for x in v]
+            self.progress.advance(int(p) for p in positions)
             while self.batch_i < len(self.batches):
                 b = self.batches[self.batch_i]
                 base = self.offsets[self.batch_i]
@@ -236,6 +244,7 @@ class Claim:
         if struct is not None:  # the index store's copy was taken before the nodes arrived
             index._storage_context.index_store.add_index_struct(struct)
         self.finished = True
+        self.progress.close()
         self.state._done(self, [])
 
     def release(self) -> None:
@@ -245,6 +254,7 @@ class Claim:
                 return
             self.closed = True
             leftover = self.remaining()
+            self.progress.close()
         self.state._done(self, leftover)
 
 
@@ -284,12 +294,16 @@ def flush_index(index: Any) -> None:
 # -- joining pending nodes into a query's graph ---------------------------------------------------
 @dataclass
 class Join:
-    """A trace's use of one index's pending nodes: what it saw, and where the insert goes."""
+    """A trace's use of one index's pending nodes: what it saw, and where the insert goes.
+    ``join_id`` (unique per trace) is carried by the inserted documents; the store engine
+    routes them to this join's claim by it, never by index name, so two runs touching one
+    index (a late insert of an abandoned run, a newer run's claim) cannot meet."""
 
     state: PendingIngestion
     batches: list[PendingBatch]
     engine: Any  # FrameworkVectorStoreEngine
     index_name: str
+    join_id: str = ""
     claim: Claim | None = None
     inserted: Ref | None = None  # the insert's INDEX output
 
@@ -328,13 +342,16 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     name = tr.graph.unique_name("ingest")
     texts = tr.bind_input(f"{name}_texts", [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes],
                           PortType.TEXTS)
-    # Positions, not node ids, name the nodes: a batch may repeat an id, and the store commits by order.
-    docs = tr.bind_input(f"{name}_docs", [{"id": str(i), "text": ""} for i in range(len(nodes))], PortType.DOCS)
+    # Positions, not node ids, name the nodes: a batch may repeat an id, and the store commits by
+    # order. The join id routes them to this run's claim (FrameworkVectorStoreEngine.expect).
+    join_id = f"{name}-{uuid.uuid4().hex}"
+    docs = tr.bind_input(f"{name}_docs", [{"id": str(i), "text": "", "metadata": {"claim": join_id}}
+                                          for i in range(len(nodes))], PortType.DOCS)
     # Added without the tracer's module-order edge: the query's own embedding does not wait.
     embed = tr.graph.add(Op.EMBED, name=f"{name}_embed", inputs={"texts": texts}, engine=embedder,
                          attrs={"est_items": len(nodes)}, origin="VectorStoreIndex")
     insert = tr.graph.add(Op.VECTOR_INSERT, name=f"{name}_insert",
                           inputs={"index": index, "vectors": embed.out("vectors"), "docs": docs},
                           engine=engine_name, attrs={"est_items": len(nodes)}, origin="VectorStoreIndex")
-    tr.traced.ingestions.append(Join(state, batches, engine, handle.name, inserted=insert.out("index")))
+    tr.traced.ingestions.append(Join(state, batches, engine, handle.name, join_id, inserted=insert.out("index")))
     return insert.out("index")

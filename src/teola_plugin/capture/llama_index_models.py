@@ -20,6 +20,7 @@ from typing import Any
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
+from .vllm_identity import engine_serving, served_models
 
 
 def embedder_engine_for(runtime: Any, embed_model: Any) -> tuple[str | None, str]:
@@ -100,8 +101,10 @@ _VLLM_DEFAULTS = {"n": 1, "best_of": None, "presence_penalty": 0.0, "frequency_p
 
 class VllmRequests:
     """LlamaIndex's in-process ``Vllm`` LLM, answered by the runtime's vLLM engine instead of
-    a second copy of the model: allowed only when the engine serves the same model directory
-    and the sampling parameters are ones the engine request carries. The request is what
+    a second copy of the model: allowed only when an engine loads the same model the same way
+    (``capture/vllm_identity.py``: directory, dtype, engine arguments; read from the runtime's
+    engine specs, so recognising it costs no engine call) and the sampling parameters are
+    ones the engine request carries. The request is what
     ``Vllm`` itself would generate from: ``predict`` formats the prompt (``_get_prompt``; a
     completion model) and ``complete`` sends it unchanged with ``_model_kwargs``."""
 
@@ -121,13 +124,10 @@ class VllmRequests:
         changed = sorted(k for k, v in _VLLM_DEFAULTS.items() if getattr(llm, k, v) != v)
         if changed:
             raise NotLowerable(f"Vllm sampling settings {changed} are not carried by the engine request")
-        specs = getattr(runtime, "specs", {})
-        name = next((n for n, s in specs.items() if s.kind == "llm"), None)
+        name, why = engine_serving(served_models(runtime), "Vllm", llm.model, llm.dtype,
+                                   getattr(llm, "vllm_kwargs", None))
         if name is None:
-            raise NotLowerable("the runtime has no LLM engine")
-        served = runtime.run_sync(_describe(runtime, name))["model"]
-        if not _same_dir(llm.model, served):
-            raise NotLowerable(f"Vllm model {llm.model!r} is not the model the engine serves ({served})")
+            raise NotLowerable(why)
         return cls(runtime, llm, name)
 
     def sampling_params(self, **overrides: Any) -> dict[str, Any]:
@@ -144,15 +144,3 @@ class VllmRequests:
 
     def parse_output(self, text: str) -> str:
         return self.llm._parse_output(text)
-
-
-async def _describe(runtime: Any, name: str) -> dict[str, Any]:
-    await runtime.start_engines(name)
-    return await runtime.engines(name).call("describe")
-
-
-def _same_dir(a: Any, b: Any) -> bool:
-    try:
-        return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve() and Path(str(a)).is_dir()
-    except OSError:
-        return False

@@ -7,8 +7,10 @@ mode, node / doc ids, vector-store kwargs — the store query, the docstore fetc
 conversion to ``NodeWithScore``), so the nodes and scores are what the retriever returns.
 
 Inserts (``vector_insert`` of documents whose ingestion a query's graph joined) go to the
-``Claim`` registered for the index name (:meth:`expect`), which stores the nodes with
-LlamaIndex's own ``_add_nodes_to_index`` in their original order.
+``Claim`` registered for the join id their documents carry (``metadata["claim"]``, unique per
+trace; :meth:`expect`), which stores the nodes with LlamaIndex's own ``_add_nodes_to_index``
+in their original order. Routing by join id rather than by index name means a late insert of
+an abandoned run can never reach a newer run's claim on the same index.
 
 Served in-process (``Runtime.add_local_engine``): the store is a live Python object that
 must not be pickled into an actor. Knows nothing about graphs.
@@ -32,7 +34,7 @@ class FrameworkVectorStoreEngine(Engine):
         super().__init__(name)
         self.vector_store = vector_store
         self._retrievers: dict[str, Any] = {}
-        self._claims: dict[str, Any] = {}  # index name -> Claim of the query inserting now
+        self._claims: dict[str, Any] = {}  # join id -> Claim of the run inserting those nodes
 
     def bind(self, retriever: Any) -> str:
         """Route searches on the returned index name through ``retriever``'s query settings."""
@@ -42,28 +44,42 @@ class FrameworkVectorStoreEngine(Engine):
         self._retrievers[index] = retriever
         return index
 
-    def expect(self, index: str, claim: Any) -> None:
-        """Route inserts on ``index`` to ``claim`` (one run's pending nodes) until :meth:`forget`."""
-        self._claims[index] = claim
+    def expect(self, join_id: str, claim: Any) -> None:
+        """Route inserts whose documents name ``join_id`` to ``claim`` until :meth:`forget`."""
+        routed = self._claims.setdefault(join_id, claim)
+        if routed is not claim:  # join ids are unique per trace: a second claim is a bug, not a retry
+            raise RuntimeError(f"engine {self.name!r}: join {join_id!r} already routes to another claim")
 
-    def forget(self, index: str, claim: Any) -> None:
-        """Stop routing ``index`` to ``claim``; a newer run's claim on the same index stays."""
-        if self._claims.get(index) is claim:
-            del self._claims[index]
+    def forget(self, join_id: str, claim: Any) -> None:
+        """Stop routing ``join_id`` to ``claim`` (only that claim's route goes)."""
+        if self._claims.get(join_id) is claim:
+            del self._claims[join_id]
 
     async def batch_insert(self, requests: list[dict[str, Any]]) -> list[int]:
-        """Requests ``{"index", "ids", "vectors", ...}``; ids are node positions in the claim."""
-        for i, r in enumerate(requests):
-            if r.get("index") not in self._claims:
-                raise EngineInputError(f"insert request {i}: no pending ingestion for index {r.get('index')!r} "
-                                       f"on engine {self.name!r}")
+        """Requests ``{"index", "ids", "vectors", "metadatas", ...}``: ids are node positions in
+        the claim that every document's ``metadata["claim"]`` names."""
+        # Claims resolved here, before the thread runs: what each request was routed to is fixed.
+        claims = [self._claim_for(i, r) for i, r in enumerate(requests)]
 
         def insert_all() -> list[int]:
-            for r in requests:
-                self._claims[r["index"]].receive([int(p) for p in r["ids"]], list(r["vectors"]))
+            for r, claim in zip(requests, claims):
+                claim.receive([int(p) for p in r["ids"]], list(r["vectors"]))
             return [len(r["ids"]) for r in requests]
 
         return await asyncio.to_thread(insert_all)
+
+    def _claim_for(self, i: int, request: dict[str, Any]) -> Any:
+        metadatas = request.get("metadatas") or [{}]
+        named = {m.get("claim") if isinstance(m, dict) else None for m in metadatas}
+        if len(named) != 1:
+            raise EngineInputError(f"insert request {i}: its documents name several joins {sorted(map(str, named))} "
+                                   f"on engine {self.name!r}")
+        (join_id,) = named
+        claim = self._claims.get(join_id)
+        if claim is None:
+            raise EngineInputError(f"insert request {i}: no pending ingestion for join {join_id!r} "
+                                   f"(index {request.get('index')!r}) on engine {self.name!r}")
+        return claim
 
     async def _load(self) -> None:  # the user's store is already open
         return None

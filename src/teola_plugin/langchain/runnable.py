@@ -25,6 +25,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
+from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
 from ..errors import ConfigError
 from ..optimizer import PassManager
@@ -79,7 +80,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             if plan is None:
                 sub = self._sub_planner()
                 trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
-                plan = ExecutionPlan.build(trace, self.passes, self.disabled)
+                plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime())
                 self._plans[layout] = plan
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)
@@ -89,7 +90,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """Plans for what ``RunnableEach`` / ``RunnableBranch`` decide at run time (called under the lock)."""
         if self._sub_plans is None:
             runtime = self.teola_runtime()
-            self._sub_plans = SubPlans(runtime, llm_engine_models(runtime), self.passes, self.disabled)
+            self._sub_plans = SubPlans(runtime, served_models(runtime), self.passes, self.disabled)
         return self._sub_plans
 
     def _example_layout(self) -> InputLayout:
@@ -209,11 +210,8 @@ def _chunker(plan: ExecutionPlan) -> Any:
 
 
 def llm_engine_models(runtime: Runtime) -> dict[str, str]:
-    """The model each LLM engine of ``runtime`` serves (so LangChain's ``VLLM`` can be mapped)."""
-    from ..config import default_model_dir
-
-    return {name: str(spec.kwargs.get("model") or default_model_dir())
-            for name, spec in runtime.specs.items() if spec.kind == "llm"}
+    """The model path each LLM engine of ``runtime`` serves (``served_models``: also how it loads it)."""
+    return {name: served.model for name, served in served_models(runtime).items()}
 
 
 def _runtime_in(root: Any) -> Runtime | None:

@@ -91,7 +91,7 @@ class TeolaExecutor:
         return self._context
 
     def _prepare(self, graph: PGraph) -> PGraph:
-        return self._passes.run(graph) if self.optimize else graph
+        return self._passes.run(graph, self.runtime.cost_model()) if self.optimize else graph
 
     def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
         """The trace with its bookkeeping (bound inputs, local engines, notes)."""
@@ -220,13 +220,13 @@ class TeolaExecutor:
             for name, engine in app.local_engines.items():  # the user's own stores, served in-process
                 await self.runtime.add_local_engine(name, engine)
             for j in claims:
-                j.engine.expect(j.index_name, j.claim)
+                j.engine.expect(j.join_id, j.claim)
             self.last_query_id = query_id = f"li-{uuid.uuid4().hex[:12]}"
             return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
                                               timeout_s=self.timeout_s)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
-                j.engine.forget(j.index_name, j.claim)
+                j.engine.forget(j.join_id, j.claim)
                 j.claim.release()
 
     # -- ingestion: node embeddings of a VectorStoreIndex (capture/llama_index_ingest.py) -------------

@@ -75,7 +75,7 @@ def _route_embeddings(original: Callable[..., Any], run: Callable[..., Any]) -> 
     @functools.wraps(original)
     def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
         executor = active_executor()
-        embedded = None if executor is None else run(executor, self, nodes)
+        embedded = None if executor is None else run(executor, self, nodes, show_progress)
         return original(self, nodes, show_progress) if embedded is None else embedded
 
     setattr(routed, _ORIGINAL, original)
@@ -86,7 +86,7 @@ def _route_embeddings_async(original: Callable[..., Any], run: Callable[..., Any
     @functools.wraps(original)
     async def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
         executor = active_executor()
-        embedded = None if executor is None else await run(executor, self, nodes)
+        embedded = None if executor is None else await run(executor, self, nodes, show_progress)
         return await original(self, nodes, show_progress) if embedded is None else embedded
 
     setattr(routed, _ORIGINAL, original)
@@ -98,8 +98,8 @@ _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[...,
     (BaseQueryEngine, "aquery", _route_async, TeolaExecutor.aquery),
     (BaseRetriever, "retrieve", _route_sync, TeolaExecutor.retrieve),
     (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
-    (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, TeolaExecutor.embed_index_nodes),
-    (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, TeolaExecutor.aembed_index_nodes),
+    (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
+    (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
 )
 
 

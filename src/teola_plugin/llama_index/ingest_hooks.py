@@ -11,6 +11,8 @@ else that reads or changes the index or its stores stores the pending nodes firs
 (``hooks``). ``as_retriever`` does not flush (the next query joins the nodes into its
 graph) but gives the retriever the node ids plain LlamaIndex would (pending ones included).
 Not covered: reading ``index.storage_context.<store>`` or ``index._vector_store`` directly.
+``show_progress`` (LlamaIndex's embedding bar) is kept with the recorded nodes and honoured
+where Teola embeds them (``capture/llama_index_progress.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..capture.llama_index_ingest import (
     flush_index,
     set_original_add_nodes,
 )
+from ..capture.llama_index_progress import embedding_bar
 
 _NO_FLUSH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_no_flush", default=False)
 _SAVED: dict[tuple[type, str], Any] = {}
@@ -54,24 +57,63 @@ def _flushing(index: Any) -> None:
         flush_index(index)
 
 
-def _deferred(index: Any, index_struct: Any, nodes: Any, insert_kwargs: dict[str, Any]) -> bool:
-    """Record the nodes if the installed executor defers ingestion for ``index``."""
+def _deferred(index: Any, index_struct: Any, nodes: Any, insert_kwargs: dict[str, Any],
+              show_progress: bool) -> bool:
+    """Record the nodes if the installed executor defers ingestion for ``index`` (with the
+    caller's ``show_progress``: the run that embeds them shows LlamaIndex's bar)."""
     from ..capture.llama_index_models import embedder_engine_for
     from .hooks import active_executor
 
     executor = active_executor()
     if (nodes and executor is not None and executor.defer_ingestion
             and embedder_engine_for(executor.runtime, index._embed_model)[0] is not None):
-        PendingIngestion.of(index, create=True).add(PendingBatch(index_struct, list(nodes), insert_kwargs))
+        PendingIngestion.of(index, create=True).add(
+            PendingBatch(index_struct, list(nodes), insert_kwargs, show_progress=bool(show_progress)))
         return True
     return False
+
+
+# LlamaIndex's embed_nodes shows its bar around the embedding call; where the executor embeds
+# at call time instead (defer_ingestion=False, a flush), the same bar goes around that query.
+def _embedding_bar(executor: Any, index: Any, nodes: Any, show_progress: bool) -> Any | None:
+    from ..capture.llama_index_models import embedder_engine_for
+
+    missing = sum(1 for n in nodes if n.embedding is None)
+    if not show_progress or not missing or embedder_engine_for(executor.runtime, index._embed_model)[0] is None:
+        return None  # no bar asked for, nothing to embed, or LlamaIndex's own code (and bar) runs
+    return embedding_bar(missing)
+
+
+def embed_index_nodes(executor: Any, index: Any, nodes: Any, show_progress: bool = False) -> Any:
+    """``TeolaExecutor.embed_index_nodes`` with LlamaIndex's bar when the caller asked for it."""
+    bar = _embedding_bar(executor, index, nodes, show_progress)
+    try:
+        embedded = executor.embed_index_nodes(index, nodes)
+        if bar is not None and embedded is not None:
+            bar.update(bar.total - bar.n)  # one Teola query returns every vector at once
+        return embedded
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+async def aembed_index_nodes(executor: Any, index: Any, nodes: Any, show_progress: bool = False) -> Any:
+    bar = _embedding_bar(executor, index, nodes, show_progress)
+    try:
+        embedded = await executor.aembed_index_nodes(index, nodes)
+        if bar is not None and embedded is not None:
+            bar.update(bar.total - bar.n)
+        return embedded
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def add_nodes_to_index(self: Any, index_struct: Any, nodes: Any, show_progress: bool = False,
                            **insert_kwargs: Any) -> None:
-        if _deferred(self, index_struct, nodes, insert_kwargs):
+        if _deferred(self, index_struct, nodes, insert_kwargs, show_progress):
             return None
         flush_index(self)  # earlier pending nodes first: the store keeps insertion order
         return original(self, index_struct, nodes, show_progress, **insert_kwargs)
@@ -83,7 +125,7 @@ def _async_add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def async_add_nodes_to_index(self: Any, index_struct: Any, nodes: Any, show_progress: bool = False,
                                        **insert_kwargs: Any) -> None:
-        if _deferred(self, index_struct, nodes, insert_kwargs):  # stored by the sync code on flush
+        if _deferred(self, index_struct, nodes, insert_kwargs, show_progress):  # stored by the sync code on flush
             return None
         await asyncio.to_thread(flush_index, self)
         return await original(self, index_struct, nodes, show_progress, **insert_kwargs)

@@ -8,6 +8,7 @@ set ``Settings.executor = TeolaExecutor(...)``; nothing else in the app changes.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from llama_index.core import Document, Settings, SummaryIndex, VectorStoreIndex
@@ -59,7 +60,7 @@ class LlamaIndexApp(BenchApp):
             Settings.executor = None
 
     # -- the app, written once, sync and async ------------------------------------------------
-    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+    def query_engine(self, docs: list[Document], use_async: bool, streaming: bool = False) -> Any:
         raise NotImplementedError
 
     def question_text(self, query: Query) -> str:
@@ -72,14 +73,26 @@ class LlamaIndexApp(BenchApp):
 
     async def arun(self, query: Query, system: System, stream: bool = False) -> Answer:
         self.use(system)
+        start = time.perf_counter()
         # Building an index is synchronous in LlamaIndex: off the event loop, as users do.
-        engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True)
-        return _answer(await engine.aquery(self.question_text(query)))
+        engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True, stream)
+        response = await engine.aquery(self.question_text(query))
+        if not stream:
+            return _answer(response)
+        first, parts = None, []
+        async for token in response.async_response_gen():  # AsyncStreamingResponse
+            if first is None and token:
+                first = time.perf_counter() - start
+            parts.append(token)
+        return Answer("".join(parts).strip(), _sources(response), ttft_s=first)
+
+
+def _sources(response: Any) -> list[str]:
+    return [n.node.ref_doc_id or n.node.node_id for n in response.source_nodes]
 
 
 def _answer(response: Any) -> Answer:
-    return Answer(str(response.response or "").strip(),
-                  [n.node.ref_doc_id or n.node.node_id for n in response.source_nodes])
+    return Answer(str(response.response or "").strip(), _sources(response))
 
 
 class NaiveDocQA(LlamaIndexApp):
@@ -88,9 +101,9 @@ class NaiveDocQA(LlamaIndexApp):
     workload = (f"HotpotQA question + {UPLOAD_DOCS} uploaded passages (its 10 context paragraphs + "
                 f"{UPLOAD_DOCS - 10} corpus distractors): chunk -> embed -> insert, top-3 retrieval, compact synthesis")
 
-    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+    def query_engine(self, docs: list[Document], use_async: bool, streaming: bool = False) -> Any:
         index = VectorStoreIndex.from_documents(docs, embed_model=self.embed_model, use_async=use_async)
-        return index.as_query_engine(llm=self.llm, similarity_top_k=3, use_async=use_async)
+        return index.as_query_engine(llm=self.llm, similarity_top_k=3, use_async=use_async, streaming=streaming)
 
 
 class AdvancedDocQA(LlamaIndexApp):
@@ -99,11 +112,11 @@ class AdvancedDocQA(LlamaIndexApp):
     workload = (f"as app 1 ({UPLOAD_DOCS} uploaded passages), plus QueryFusionRetriever (3 generated queries + "
                 "the original, top 5 each, reciprocal-rank fusion) and reranking to the top 3 before synthesis")
 
-    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+    def query_engine(self, docs: list[Document], use_async: bool, streaming: bool = False) -> Any:
         index = VectorStoreIndex.from_documents(docs, embed_model=self.embed_model, use_async=use_async)
         fusion = QueryFusionRetriever([index.as_retriever(similarity_top_k=5)], llm=self.llm, similarity_top_k=5,
                                       num_queries=4, mode="reciprocal_rerank")  # use_async: framework default
-        return RetrieverQueryEngine.from_args(fusion, llm=self.llm, use_async=use_async,
+        return RetrieverQueryEngine.from_args(fusion, llm=self.llm, use_async=use_async, streaming=streaming,
                                               node_postprocessors=[EngineRerank(self.runtime, top_n=3)])
 
 
@@ -122,6 +135,7 @@ class TreeSummarize(LlamaIndexApp):
     def question_text(self, query: Query) -> str:
         return f"Summarize what the passages say that helps answer: {query.question}"
 
-    def query_engine(self, docs: list[Document], use_async: bool) -> Any:
+    def query_engine(self, docs: list[Document], use_async: bool, streaming: bool = False) -> Any:
         index = SummaryIndex.from_documents(docs)
-        return index.as_query_engine(llm=self.llm, response_mode="tree_summarize", use_async=use_async)
+        return index.as_query_engine(llm=self.llm, response_mode="tree_summarize", use_async=use_async,
+                                     streaming=streaming)

@@ -32,6 +32,7 @@ from ...ir.graph import PGraph
 from ...ir.node import Primitive, Ref
 from ...ir.ops import Op
 from ..opaque_warnings import OpaqueWarnings
+from ..vllm_identity import ServedModel
 from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
@@ -141,7 +142,7 @@ class SubPlanner(Protocol):
 class TraceOnlyPlanner:
     """Trace without optimizing or serving stores (tracing tools, tests of the lowering)."""
 
-    def __init__(self, engine_models: Mapping[str, str] | None = None) -> None:
+    def __init__(self, engine_models: Mapping[str, ServedModel | str] | None = None) -> None:
         self.engine_models = dict(engine_models or {})
 
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
@@ -151,7 +152,7 @@ class TraceOnlyPlanner:
 
 class LangChainTracer:
     def __init__(self, name: str = "langchain", *, planner: SubPlanner | None = None,
-                 engine_models: Mapping[str, str] | None = None) -> None:
+                 engine_models: Mapping[str, ServedModel | str] | None = None) -> None:
         self.engine_models = dict(engine_models or {})  # Teola LLM engine -> the model it serves
         self.planner: SubPlanner = planner or TraceOnlyPlanner(self.engine_models)
         self.graph = PGraph(name)
@@ -294,10 +295,10 @@ class LangChainTracer:
 
 def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None, *,
                    planner: SubPlanner | None = None,
-                   engine_models: Mapping[str, str] | None = None) -> LangChainTrace:
+                   engine_models: Mapping[str, ServedModel | str] | None = None) -> LangChainTrace:
     """Lower ``runnable`` for inputs of ``layout`` into a primitive graph (runs nothing).
-    ``engine_models`` (engine name -> model path) lets a framework model that names its
-    model (LangChain's ``VLLM``) be mapped onto the Teola engine serving that model."""
+    ``engine_models`` (engine name -> ``ServedModel``, or just a model path) lets a framework
+    model that names its model (LangChain's ``VLLM``) be mapped onto the Teola engine serving it."""
     from . import rules  # noqa: F401  (registers the built-in rules)
 
     tracer = LangChainTracer(name or _node_base(component_name(runnable)), planner=planner,
