@@ -31,6 +31,14 @@ def test_graph_writes_both_pictures_and_explains_the_passes(tmp_path):
     assert (tmp_path / "advanced_rag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_graph_for_a_shared_cpu_declines_the_overlap_only_passes(tmp_path):
+    proc = teola("graph", "naive_rag", "--hardware", "shared-cpu", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "planned for shared-cpu hardware" in proc.stdout
+    after = (tmp_path / "naive_rag_after.mmd").read_text()
+    assert "shard" not in after and "partial" not in after  # nothing to gain by overlapping one CPU
+
+
 def test_graph_with_an_unknown_pass_says_which_without_a_traceback(tmp_path):
     proc = teola("graph", "naive_rag", "--disable", "no_such_pass", "--out", str(tmp_path))
     assert proc.returncode == 2
