@@ -98,3 +98,27 @@ def test_cancelled_requests_queued_in_an_engine_actor_never_run(runtime, call, b
     vectors, left, batches = call(cancel_queued())
     assert len(vectors) == 48 and left == {}
     assert batches <= 3, f"{batches} embed batches ran: cancelled requests were run anyway"
+
+
+def test_a_cancel_that_crosses_the_opening_of_a_stream_leaves_no_stream_open(runtime, call, baseline):
+    """A caller cancelled while the actor's answer to open_stream was on its way never learns
+    the stream id (and ray.cancel then reports the call cancelled although the stream is
+    open): its cancel names the request's token instead, and the actor closes the stream it
+    opened for that token. A cancel that overtakes its open makes the open open nothing."""
+    from teola_plugin.runtime.policies import Priority
+
+    actor = runtime.engines("llm").handles[0].actor
+    kwargs = {"prompt": "1, 2, 3,", "params": {"temperature": 0.0, "max_tokens": 1000, "ignore_eos": True}}
+
+    async def crossing():
+        sid, _, finished, _ = await actor.open_stream.remote("stream", kwargs, Priority(), "test-open-then-cancel")
+        opened = busy(await engine_state(runtime))
+        await actor.cancel.remote(["test-open-then-cancel"])  # the answer above never reached its caller
+        await actor.cancel.remote(["test-cancel-then-open"])
+        late = await actor.open_stream.remote("stream", kwargs, Priority(), "test-cancel-then-open")
+        return sid, finished, opened, late, await wait_idle(runtime, 30, baseline)
+
+    sid, finished, opened, late, left = call(crossing())
+    assert sid and not finished and opened["llm"]["open_streams"] >= 1
+    assert late[0] == "" and late[1] == [] and late[2] is True
+    assert left == {}

@@ -49,3 +49,9 @@ class QueryTimeoutError(TeolaError, TimeoutError):
 class EngineRestartedError(TeolaError, RuntimeError):
     """An engine's process died and was restarted while a query's LLM stream was open on
     it: the generation is lost (the query fails; later queries use the restarted engine)."""
+
+
+class EngineStartTimeoutError(QueryTimeoutError):
+    """A query's engines did not start within its timeout (e.g. Ray cannot place a replica:
+    no node has the resources its ``EngineSpec`` asks for). The message names the engine
+    and those resources; the half-started replicas were stopped, so a later query retries."""

@@ -31,6 +31,7 @@ from .engine_scheduler import BatchInfo, EngineScheduler
 from .policies import BatchPolicy, Priority, default_policy
 
 log = logging.getLogger("teola_plugin")
+READER_EXIT_WAIT_S = 30.0  # how long close_stream waits for a cancelled reader to let go
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ class EngineServer:
         policy = spec.policy or default_policy(self.engine.kind)
         self.scheduler = EngineScheduler(spec.name, self.engine.execute, policy, self.engine.request_items)
         self._streams: dict[str, tuple[AsyncIterator[Any], Any]] = {}
-        self._readers: dict[str, asyncio.Task[Any]] = {}  # stream -> the task reading it now
+        # stream -> the task reading it now, and a future set once that task left the iterator
+        self._readers: dict[str, tuple[asyncio.Task[Any], asyncio.Future[None]]] = {}
+        # Closed streams whose reader did not let go in time: that reader closes them.
+        self._orphans: dict[str, tuple[AsyncIterator[Any], Any]] = {}
         self._stream_ids = itertools.count()
         # Stream ids are unique across replicas and restarts: a stream id of a replica that
         # died must not name a stream that its restarted successor opened for another query.
@@ -153,31 +157,61 @@ class EngineServer:
             raise EngineInputError(f"no open stream {sid!r} on engine {self.spec.name!r}")
         iterator, _ = self._streams[sid]
         reader = asyncio.current_task()
+        exited = asyncio.get_running_loop().create_future()  # set once this reader left the iterator
         if reader is not None:
-            self._readers[sid] = reader
+            self._readers[sid] = (reader, exited)
         try:
             async for item in iterator:
                 yield item
+                if sid not in self._streams:  # closed meanwhile, and the reader read on
+                    break
         finally:
-            if self._readers.get(sid) is reader:
+            exited.set_result(None)
+            if self._readers.get(sid, (None,))[0] is reader:
                 del self._readers[sid]
-            await self.close_stream(sid)
+            orphan = self._orphans.pop(sid, None)
+            if orphan is not None:  # close_stream could not abort it while this reader was inside
+                await self._abort(sid, *orphan)
+            else:
+                await self.close_stream(sid)
 
     async def close_stream(self, sid: str) -> None:
         """Abort and forget a stream. Through Ray the close arrives as its own call while
         another task may be inside the iterator (``aclose`` would fail there): that reader
-        is cancelled first, which aborts the engine request where it waits."""
+        is cancelled first, which aborts the engine request where it waits. A reader still
+        inside the iterator after ``READER_EXIT_WAIT_S`` (it swallowed the cancellation, or
+        the engine's abort hangs) aborts the request itself when it leaves the iterator
+        (at its next item at the latest); the slot is freed once the request is aborted."""
         entry = self._streams.pop(sid, None)
         if entry is None:
             return
-        iterator, release = entry
-        reader = self._readers.pop(sid, None)
-        try:
-            if reader is not None and reader is not asyncio.current_task() and not reader.done():
+        iterator = entry[0]
+        reading = self._readers.pop(sid, None)
+        if reading is not None and reading[0] is not asyncio.current_task():
+            reader, exited = reading
+            if not reader.done() and not exited.done():
                 reader.cancel()
-                await asyncio.wait({reader}, timeout=30)
-            await iterator.aclose()
-        except RuntimeError as exc:  # still running after all: it ends with its reader
+                try:
+                    await asyncio.wait({reader, exited}, timeout=READER_EXIT_WAIT_S,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:  # this closer was cancelled: the reader finishes the job
+                    self._orphans[sid] = entry
+                    if exited.done():  # ... unless it already left
+                        del self._orphans[sid]
+                        asyncio.get_running_loop().create_task(self._abort(sid, *entry))
+                    raise
+            inside = getattr(iterator, "ag_running", None)  # an async generator knows
+            if not exited.done() and (inside if inside is not None else not reader.done()):
+                log.warning("stream %s on %s: its reader is still inside it %.0f s after being cancelled; "
+                            "the reader aborts it when it leaves", sid, self.spec.name, READER_EXIT_WAIT_S)
+                self._orphans[sid] = entry
+                return
+        await self._abort(sid, *entry)
+
+    async def _abort(self, sid: str, iterator: AsyncIterator[Any], release: Any) -> None:
+        try:
+            await iterator.aclose()  # type: ignore[attr-defined]
+        except RuntimeError as exc:  # cannot happen once its reader is done; never keep the slot on it
             log.warning("stream %s on %s: %s", sid, self.spec.name, exc)
         finally:
             release()
@@ -185,7 +219,7 @@ class EngineServer:
     def stats(self) -> dict[str, Any]:
         return {"queued": self.scheduler.queued, "queue_entries": self.scheduler.queue_entries,
                 "batches_run": self.scheduler.batches_run, "running": self.scheduler.running,
-                "open_streams": len(self._streams), "pid": os.getpid()}
+                "open_streams": len(self._streams) + len(self._orphans), "pid": os.getpid()}
 
 
 # ---------------------------------------------------------------------------- client side
@@ -203,6 +237,10 @@ class EngineHandle:
     async def close_stream(self, sid: str) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
     async def close(self) -> None: ...
+
+    async def discard(self) -> None:
+        """Stop a replica whose start failed or was abandoned (nothing of it is in use)."""
+        await self.close()
 
 
 class LocalHandle(EngineHandle):
@@ -310,3 +348,10 @@ class ReplicaPool:
 
     async def close(self) -> None:
         await asyncio.gather(*(h.close() for h in self.handles), return_exceptions=True)
+
+    async def discard(self) -> None:
+        """Stop the replicas of a start that failed or was abandoned (bounded; never raises)."""
+        results = await asyncio.gather(*(h.discard() for h in self.handles), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.debug("discarding a replica of %s: %r", self.name, result)

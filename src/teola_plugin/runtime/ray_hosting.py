@@ -19,9 +19,11 @@ import collections
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from ..errors import EngineNotStartedError
 from .engine_scheduler import BatchInfo
 from .hosting import EngineHandle, EngineServer, EngineSpec
 from .policies import Priority, default_policy
@@ -31,8 +33,10 @@ log = logging.getLogger("teola_plugin")
 # Ops safe to run twice after an actor died mid-request: the reads. (A restarted vector
 # store has lost an in-memory index anyway, so a retried insert could not help.)
 RESTART_WAIT_S = 60.0  # how long a retry waits for Ray to restart a dead engine actor
+CLOSE_WAIT_S = 10.0  # how long close() lets clean-ups of abandoned calls finish before cancelling them
 IDEMPOTENT_OPS = frozenset({"embed", "search", "rerank", "prefill", "generate"})
 _tokens = itertools.count()
+_actor_ids = itertools.count()  # actor names stay unique when a failed start is retried
 
 
 class RequestCancelled(Exception):
@@ -48,6 +52,9 @@ class EngineActor:
         # Tokens cancelled before their request arrived (calls may overtake each other);
         # bounded, since a cancel can also come after its request finished.
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # open_stream token -> the stream it opened: a caller cancelled while the answer was
+        # on its way never learns the stream id, but its cancel names the token. Bounded.
+        self._opened: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     async def start(self) -> dict[str, Any]:
         return await self.server.start()
@@ -74,22 +81,41 @@ class EngineActor:
 
         return list(await asyncio.gather(*(one(*item) for item in items)))
 
-    def cancel(self, tokens: list[str]) -> None:
-        """Drop these requests from the engine queue (or stop waiting for a running batch)."""
+    async def cancel(self, tokens: list[str]) -> None:
+        """Drop these requests from the engine queue (or stop waiting for a running batch);
+        close the streams they opened; remember the ones that have not arrived yet."""
         for token in tokens:
             task = self._inflight.get(token)
+            sid = self._opened.pop(token, None)
             if task is not None:
                 task.cancel()
+            elif sid is not None:
+                await self.server.close_stream(sid)
             else:
-                self._cancelled[token] = None
-                while len(self._cancelled) > 10_000:
-                    self._cancelled.popitem(last=False)
+                _remember(self._cancelled, token, None)
 
     async def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await self.server.call(method, *args, **kwargs)
 
-    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority):
-        return await self.server.open_stream(method, kwargs, priority)
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority, token: str | None = None):
+        """``EngineServer.open_stream``; with a ``token``, :meth:`cancel` can stop the opening or
+        close the stream it opened, whenever the cancel arrives (before, during, after)."""
+        if token is None:
+            return await self.server.open_stream(method, kwargs, priority)
+        nothing = ("", [], True, BatchInfo(self.server.spec.name, -1, 1, time.time(), time.time()))
+        if token in self._cancelled:  # cancelled before it arrived
+            del self._cancelled[token]
+            return nothing
+        self._inflight[token] = asyncio.current_task()  # type: ignore[assignment]
+        try:
+            sid, first, finished, info = await self.server.open_stream(method, kwargs, priority)
+        except asyncio.CancelledError:  # by cancel(): its caller is gone (the server freed the slot)
+            return nothing
+        finally:
+            self._inflight.pop(token, None)
+        if not finished:
+            _remember(self._opened, token, sid)
+        return sid, first, finished, info
 
     async def resume_stream(self, sid: str):
         async for item in self.server.resume_stream(sid):
@@ -110,6 +136,12 @@ class EngineActor:
         return ray.get_runtime_context().get_node_id()
 
 
+def _remember(memo: collections.OrderedDict[str, Any], key: str, value: Any, limit: int = 10_000) -> None:
+    memo[key] = value
+    while len(memo) > limit:
+        memo.popitem(last=False)
+
+
 def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **options: Any) -> Any:
     import ray
 
@@ -120,7 +152,7 @@ def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **option
     env = {"OMP_NUM_THREADS": str(threads), **options.pop("env_vars", {})}
     return actor_cls.options(
         runtime_env={"env_vars": env},
-        name=f"teola-engine-{spec.name}-{replica}-{id(spec):x}",
+        name=f"teola-engine-{spec.name}-{replica}-{os.getpid()}-{next(_actor_ids)}",
         num_cpus=spec.num_cpus,
         num_gpus=spec.num_gpus,
         resources=dict(spec.resources) or None,
@@ -152,13 +184,16 @@ class RayHandle(EngineHandle):
         self.spec = spec
         self.actor = create_actor(spec, replica, **actor_options)
         self._pending: list[tuple[str, Any, Priority, asyncio.Future[Any], str]] = []
-        self._background: set[asyncio.Task[Any]] = set()  # clean-ups of abandoned calls
+        self._background: set[asyncio.Task[Any]] = set()  # sends, and clean-ups of abandoned calls
+        self._started = False  # False: the actor never answered start (maybe never placed)
         engine_class = spec.engine_class()
         self._policy = spec.policy or default_policy(spec.kind or engine_class.kind)
         self._size_of = engine_class.request_items
 
     async def start(self) -> dict[str, Any]:
-        return await _remote(self.actor.start.remote())
+        described = await _remote(self.actor.start.remote())
+        self._started = True
+        return described
 
     async def submit(self, op, payload, priority):
         """Queue the request for the next coalesced actor call (sent at the next loop turn),
@@ -196,7 +231,6 @@ class RayHandle(EngineHandle):
         # In the order the engine scheduler will take them, so groups match its batches.
         order = sorted(range(len(pending)), key=lambda i: self._policy.key(pending[i][2], i))
         pending = [pending[i] for i in order]
-        loop = asyncio.get_running_loop()
         group: list[tuple[str, Any, Priority, asyncio.Future[Any], str]] = []
         items = 0
         for request in pending:
@@ -204,14 +238,23 @@ class RayHandle(EngineHandle):
             full = len(group) >= self._policy.max_batch_size or (
                 self._policy.max_batch_items is not None and items + n > self._policy.max_batch_items)
             if group and full:
-                loop.create_task(self._send(group, retry=True))
+                self._in_background(self._send(group, retry=True))
                 group, items = [], 0
             group.append(request)
             items += n
         if group:
-            loop.create_task(self._send(group, retry=True))
+            self._in_background(self._send(group, retry=True))
 
     async def _send(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any], str]], retry: bool) -> None:
+        try:
+            await self._send_once(batch, retry)
+        finally:  # cancelled by close(): no caller may wait forever
+            for _, _, _, future, _ in batch:
+                if not future.done():
+                    future.set_exception(EngineNotStartedError(
+                        f"engine {self.name!r} was closed while this request was in flight"))
+
+    async def _send_once(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any], str]], retry: bool) -> None:
         from ray.exceptions import RayActorError
 
         try:
@@ -233,6 +276,8 @@ class RayHandle(EngineHandle):
                     return
                 await self._send([b for b in again if not b[3].done()], retry=False)
             return
+        except asyncio.CancelledError:  # close(): _send answers the callers
+            raise
         except BaseException as exc:
             for _, _, _, future, _ in batch:
                 if not future.done():
@@ -265,11 +310,14 @@ class RayHandle(EngineHandle):
     async def open_stream(self, method, kwargs, priority, retry: bool = True):
         from ray.exceptions import RayActorError
 
-        ref = self.actor.open_stream.remote(method, kwargs, priority)
+        token = f"{os.getpid()}-{next(_tokens)}"
         try:
-            return await _remote(ref)
+            return await _remote(self.actor.open_stream.remote(method, kwargs, priority, token))
         except asyncio.CancelledError:
-            self._in_background(self._close_abandoned(ref))
+            # The actor may be opening it, have opened it (the answer on its way: ray.cancel
+            # then reports the call cancelled and the stream id is lost), or not have seen
+            # the call yet: the token's cancel covers all three.
+            self._in_background(self._cancel_remote([token]))
             raise
         except RayActorError as exc:
             if not retry:
@@ -278,21 +326,6 @@ class RayHandle(EngineHandle):
             log.warning("engine %s died (%s); opening the stream again on the restarted actor", self.name, exc)
             await self._wait_until_alive()
             return await self.open_stream(method, kwargs, priority, retry=False)
-
-    async def _close_abandoned(self, ref: Any) -> None:
-        """The caller stopped waiting for an open_stream: stop it, or close what it opened."""
-        import ray
-
-        try:
-            ray.cancel(ref)
-        except Exception as exc:
-            log.debug("cancel open_stream on %s: %s", self.name, exc)
-        try:
-            sid, _, finished, _ = await ref
-        except Exception:  # cancelled before it opened anything, or the actor died
-            return
-        if not finished:
-            await self.close_stream(sid)
 
     async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
         gen = self.actor.resume_stream.options(num_returns="streaming").remote(sid)
@@ -314,8 +347,28 @@ class RayHandle(EngineHandle):
     async def close(self) -> None:
         import ray
 
-        try:
-            await asyncio.wait_for(self.actor.close.remote(), timeout=30)
-        except Exception as exc:
-            log.debug("closing engine actor %s: %s", self.name, exc)
+        await self._settle_background(CLOSE_WAIT_S)
+        if self._started:  # else nothing to close gracefully (and an unplaced actor never answers)
+            try:
+                await asyncio.wait_for(self.actor.close.remote(), timeout=30)
+            except Exception as exc:
+                log.debug("closing engine actor %s: %s", self.name, exc)
         ray.kill(self.actor, no_restart=True)
+
+    async def discard(self) -> None:
+        """A replica that never started (not placed, failed, abandoned): kill it at once."""
+        import ray
+
+        await self._settle_background(0)
+        ray.kill(self.actor, no_restart=True)
+
+    async def _settle_background(self, timeout_s: float) -> None:
+        """Let in-flight sends and clean-ups (cancels of abandoned calls) finish, up to
+        ``timeout_s``; cancel the rest and wait for them, so none is left pending."""
+        tasks = set(self._background)
+        if tasks and timeout_s > 0:
+            _, tasks = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)

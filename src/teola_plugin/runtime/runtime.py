@@ -26,7 +26,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
 from .graph_scheduler import GraphRun, check_timeout
@@ -36,6 +36,7 @@ from .timeline import Timeline
 
 log = logging.getLogger("teola_plugin")
 T = TypeVar("T")
+START_REPORT_S = 60.0  # an engine still starting after this long gets a warning (and again after each)
 
 
 def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | None = None) -> dict[str, EngineSpec]:
@@ -111,7 +112,8 @@ class Runtime:
         self.timeline = Timeline(max_queries=timeline_queries)
         self.handlers = handlers or PrimitiveHandlers()
         self._pools: dict[str, ReplicaPool] = {}
-        self._pool_lock: asyncio.Lock | None = None
+        self._pool_lock: asyncio.Lock | None = None  # add_local_engine
+        self._starting: dict[str, _EngineStart] = {}  # engine name -> its start in progress
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._owns_ray = False
@@ -220,29 +222,126 @@ class Runtime:
         return pool
 
     async def start_engines(self, *names: str) -> dict[str, ReplicaPool]:
-        """Create and start the named engines (all configured ones if none is named)."""
-        if self._pool_lock is None:
-            self._pool_lock = asyncio.Lock()
-        wanted = names or tuple(self.specs)
-        async with self._pool_lock:
-            for name in wanted:
-                if name in self._pools:
-                    continue
-                if name not in self.specs:
-                    raise ConfigError(f"unknown engine {name!r}; configured: {sorted(self.specs)}")
-                spec = self.specs[name]
-                handles: list[EngineHandle]
-                if self.hosting == "ray":
-                    from .ray_hosting import RayHandle
+        """Create and start the named engines (all configured ones if none is named).
 
-                    handles = [RayHandle(spec, i) for i in range(spec.replicas)]
-                else:
-                    handles = [LocalHandle(spec) for _ in range(spec.replicas)]
-                pool = ReplicaPool(name, handles)
-                await pool.start()
-                self._pools[name] = pool
-                log.info("engine %s started (%d replica(s), %s)", name, spec.replicas, self.hosting)
+        One start per engine, shared by every caller waiting for it. A caller that stops
+        waiting (a query's timeout) leaves the start to the others; when nobody waits any
+        more it is cancelled and its replicas stopped, and a start that fails is not
+        remembered either: a later call starts afresh, never waits on a dead start."""
+        wanted = names or tuple(self.specs)
+        for name in wanted:
+            if name not in self._pools and name not in self.specs:
+                raise ConfigError(f"unknown engine {name!r}; configured: {sorted(self.specs)}")
+        for name in wanted:
+            if name not in self._pools:
+                await self._join_start(name)
         return {n: self._pools[n] for n in wanted}
+
+    async def _join_start(self, name: str) -> None:
+        # An abandoned start is still stopping its replicas: let it finish first.
+        while (start := self._starting.get(name)) is not None and start.abandoned:
+            await asyncio.wait({start.task})
+        if name in self._pools:
+            return
+        if start is None:
+            task = asyncio.get_running_loop().create_task(self._start_pool(name), name=f"start engine {name}")
+            start = self._starting[name] = _EngineStart(task)
+            task.add_done_callback(lambda _: self._forget_start(name, start))
+        start.waiters += 1
+        try:
+            await asyncio.shield(start.task)
+        finally:
+            start.waiters -= 1
+            if start.waiters == 0 and not start.task.done():
+                start.abandoned = True
+                start.task.cancel()
+                await asyncio.wait({start.task}, timeout=5)  # its replicas are stopped when the caller hears
+            elif start.task.done() and not start.task.cancelled():
+                start.task.exception()  # retrieved (each waiter already got it)
+
+    def _forget_start(self, name: str, start: _EngineStart) -> None:
+        if self._starting.get(name) is start:
+            del self._starting[name]
+
+    async def _start_pool(self, name: str) -> None:
+        spec = self.specs[name]
+        handles: list[EngineHandle]
+        if self.hosting == "ray":
+            from .ray_hosting import RayHandle
+
+            handles = [RayHandle(spec, i) for i in range(spec.replicas)]
+        else:
+            handles = [LocalHandle(spec) for _ in range(spec.replicas)]
+        pool = ReplicaPool(name, handles)
+        starting = asyncio.ensure_future(pool.start())
+        try:
+            while True:  # a caller without a timeout waits as long as it takes: say why, now and then
+                done, _ = await asyncio.wait({starting}, timeout=START_REPORT_S)
+                if done:
+                    starting.result()  # the start's own error, if any
+                    break
+                log.warning("engine %s has not started yet: %s", name, self._start_problem(name))
+        except BaseException as exc:
+            starting.cancel()
+            await asyncio.wait({starting}, timeout=5)
+            # Not placed, failed, or nobody waits any more: stop the replicas (a pending Ray
+            # actor would otherwise be placed later and hold its resources for nothing).
+            log.warning("engine %s did not start (%s); stopping its replicas", name, type(exc).__name__)
+            await pool.discard()
+            raise
+        self._pools[name] = pool
+        log.info("engine %s started (%d replica(s), %s)", name, spec.replicas, self.hosting)
+
+    async def _start_within(self, names: list[str], timeout_s: float | None, query_id: str | None) -> float | None:
+        """Start a query's missing engines inside its deadline; returns the time left."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        deadline = asyncio.timeout(timeout_s)
+        try:
+            async with deadline:
+                await self.start_engines(*names)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise EngineStartTimeoutError(self._not_started(names, timeout_s, query_id)) from None
+        if timeout_s is None:
+            return None
+        left = timeout_s - (loop.time() - began)
+        if left <= 0:
+            raise EngineStartTimeoutError(self._not_started(names, timeout_s, query_id))
+        return left
+
+    def _not_started(self, names: list[str], timeout_s: float | None, query_id: str | None) -> str:
+        missing = [n for n in names if n not in self._pools]
+        parts = [f"engine {name!r} did not start ({self._start_problem(name)})" for name in missing]
+        query = f"query {query_id}" if query_id else "the query"
+        return (f"{query} did not start within its timeout_s={timeout_s} s: "
+                + "; ".join(parts or ["its engines were still starting"])
+                + ". Give the EngineSpec resources the cluster has, raise timeout_s, or start the engines "
+                  "beforehand (`await runtime.start_engines(...)`)")
+
+    def _start_problem(self, name: str) -> str:
+        spec = self.specs[name]
+        if self.hosting != "ray":
+            return f"{spec.replicas} replica(s) in this process, still loading"
+        asked = {"CPU": spec.num_cpus, "GPU": spec.num_gpus, **dict(spec.resources)}
+        asked = {k: v for k, v in asked.items() if v}
+        what = ", ".join(f"{k}={v:g}" for k, v in asked.items()) or "no reserved resources"
+        return f"{spec.replicas} replica(s), each asking Ray for {what}{self._placement_hint(asked)}"
+
+    def _placement_hint(self, asked: dict[str, float]) -> str:
+        if not asked:
+            return "; it reserves nothing, so it was still loading"
+        try:
+            import ray
+
+            nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        except Exception:  # the hint is optional
+            return ""
+        if any(all(node.get(k, 0) >= v for k, v in asked.items()) for node in nodes):
+            return "; a node has them: they may be taken by other actors, or the engine was still loading"
+        have = "; ".join(", ".join(f"{k}={node.get(k, 0):g}" for k in asked) for node in nodes)
+        return f"; no node of the Ray cluster has them (nodes: {have or 'none'})"
 
     async def add_local_engine(self, name: str, engine: Any, policy: Any = None) -> ReplicaPool:
         """Serve an already-built engine object from this process (e.g. one wrapping a
@@ -256,6 +355,19 @@ class Runtime:
                 await pool.start()
                 self._pools[name] = pool
         return self._pools[name]
+
+    def cost_model(self) -> Any:
+        """The optimizer's cost model for this runtime: default profiles plus which engines
+        share hardware (:mod:`.compute_groups`), so passes do not count on overlapping
+        engines that compute on the same CPU cores."""
+        from ..optimizer.cost import CostModel
+        from .compute_groups import HOST_CPU, compute_groups
+
+        groups = compute_groups(self.specs)
+        cached = getattr(self, "_cost_model", None)  # one per runtime: its memo of node costs is reused
+        if cached is None or cached.compute_groups != groups:
+            cached = self._cost_model = CostModel.default().with_compute_groups(groups, default_group=HOST_CPU)
+        return cached
 
     def engines_for(self, graph: PGraph) -> set[str]:
         return {p.engine for p in graph.nodes if p.kind != "cpu"}
@@ -276,12 +388,19 @@ class Runtime:
             raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
         if not isinstance(inputs, Mapping):
             raise TypeError(f"execute takes the graph inputs as a dict, got {type(inputs).__name__}")
-        check_timeout(timeout_s)
-        await self.start_engines(*sorted(self.engines_for(graph) - set(self._pools)))
+        timeout_s = check_timeout(timeout_s)
+        missing = sorted(self.engines_for(graph) - set(self._pools))
+        left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
-                       handlers=self.handlers, query_id=query_id, timeout_s=timeout_s,
+                       handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes)
-        return await run.run()
+        try:
+            return await run.run()
+        except QueryTimeoutError as exc:
+            if left != timeout_s:
+                exc.add_note(f"(its timeout_s was {timeout_s} s; {timeout_s - left:.3g} s of it went to "
+                             f"starting engines {missing})")
+            raise
 
     # -- shutdown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -293,7 +412,13 @@ class Runtime:
             loop, thread = self._loop, self._thread
         if loop is not None and thread is not None and thread.is_alive():
             async def close_all() -> None:
+                starting = [start.task for start in self._starting.values()]
+                for task in starting:  # each stops its replicas
+                    task.cancel()
+                if starting:
+                    await asyncio.wait(starting, timeout=30)
                 await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
+                await _cancel_leftover_tasks(timeout_s=10)
 
             try:
                 asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=60)
@@ -307,6 +432,25 @@ class Runtime:
 
             ray.shutdown()
             self._owns_ray = False
+
+
+class _EngineStart:
+    """One engine's start in progress and how many callers wait for it."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+        self.waiters = 0
+        self.abandoned = False  # cancelled for lack of waiters; still stopping its replicas
+
+
+async def _cancel_leftover_tasks(timeout_s: float) -> None:
+    """At shutdown: cancel what still runs on the loop (queries in flight, their clean-ups),
+    bounded, so that stopping the loop leaves no task pending ("Task was destroyed...")."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=timeout_s)
 
 
 _DEFAULT: Runtime | None = None
