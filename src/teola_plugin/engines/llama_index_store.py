@@ -62,6 +62,13 @@ class FrameworkVectorStoreEngine(Engine):
         claims = [self._claim_for(i, r) for i, r in enumerate(requests)]
 
         def insert_all() -> list[int]:
+            # The batch is checked whole before anything is stored (the engine scheduler reruns
+            # a failed batch request by request); a claim closing after this check only turns
+            # its own late insert away, and a re-sent position is never stored twice.
+            for i, claim in enumerate(claims):
+                if claim.closed:  # the same error Claim.receive raises
+                    raise RuntimeError(f"insert request {i}: insert of an abandoned ingestion run "
+                                       "(its nodes are pending again)")
             for r, claim in zip(requests, claims):
                 claim.receive([int(p) for p in r["ids"]], list(r["vectors"]))
             return [len(r["ids"]) for r in requests]

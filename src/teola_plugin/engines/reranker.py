@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import ConfigError, EngineInputError, ModelLoadError
 from .base import Engine, Hit, check_cuda_available, check_texts
 from .embedder import (
-    acquire_sentence_transformer,
+    acquire_sentence_transformer_async,
     check_device,
     check_model_dir,
     default_model_path,
@@ -125,7 +125,7 @@ class Reranker(Engine):
                 self.bi_encoder_path if self.bi_encoder_path is not None else default_model_path(),
                 "bi-encoder model",
             )
-            self._bi, self._lock = await asyncio.to_thread(acquire_sentence_transformer, path, self.device)
+            self._bi, self._lock = await acquire_sentence_transformer_async(path, self.device)
             self._bi_path = path
 
     @staticmethod

@@ -6,7 +6,7 @@ as a data dependency does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Union
 
 from .node import Primitive
 
@@ -33,6 +33,18 @@ def depth(graph: PGraph) -> tuple[dict[str, int], int]:
     for name in graph.topological_order():
         level[name] = 1 + max((level[p] for p in graph.predecessors(name)), default=-1)
     return level, 1 + max(level.values(), default=-1)
+
+
+def upstream(graph: PGraph, starts: Iterable[str]) -> set[str]:
+    """``starts`` (those in the graph) and every node they depend on, directly or not."""
+    seen: set[str] = set()
+    stack = [n for n in starts if n in graph]
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(graph.predecessors(name))
+    return seen
 
 
 def finish_times(graph: PGraph, cost_model: CostFn) -> tuple[dict[str, float], dict[str, str | None]]:

@@ -84,29 +84,32 @@ def _embedding_bar(executor: Any, index: Any, nodes: Any, show_progress: bool) -
     return embedding_bar(missing)
 
 
-def embed_index_nodes(executor: Any, index: Any, nodes: Any, show_progress: bool = False) -> Any:
-    """``TeolaExecutor.embed_index_nodes`` with LlamaIndex's bar when the caller asked for it."""
+@contextlib.contextmanager
+def _bar_around(executor: Any, index: Any, nodes: Any, show_progress: bool) -> Iterator[Callable[[Any], Any]]:
+    """LlamaIndex's bar around one Teola embedding query; yields ``done(embedded)``."""
     bar = _embedding_bar(executor, index, nodes, show_progress)
-    try:
-        embedded = executor.embed_index_nodes(index, nodes)
+
+    def done(embedded: Any) -> Any:
         if bar is not None and embedded is not None:
             bar.update(bar.total - bar.n)  # one Teola query returns every vector at once
         return embedded
+
+    try:
+        yield done
     finally:
         if bar is not None:
             bar.close()
+
+
+def embed_index_nodes(executor: Any, index: Any, nodes: Any, show_progress: bool = False) -> Any:
+    """``TeolaExecutor.embed_index_nodes`` with LlamaIndex's bar when the caller asked for it."""
+    with _bar_around(executor, index, nodes, show_progress) as done:
+        return done(executor.embed_index_nodes(index, nodes))
 
 
 async def aembed_index_nodes(executor: Any, index: Any, nodes: Any, show_progress: bool = False) -> Any:
-    bar = _embedding_bar(executor, index, nodes, show_progress)
-    try:
-        embedded = await executor.aembed_index_nodes(index, nodes)
-        if bar is not None and embedded is not None:
-            bar.update(bar.total - bar.n)
-        return embedded
-    finally:
-        if bar is not None:
-            bar.close()
+    with _bar_around(executor, index, nodes, show_progress) as done:
+        return done(await executor.aembed_index_nodes(index, nodes))
 
 
 def _add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -82,6 +82,7 @@ class EngineServer:
         self._readers: dict[str, tuple[asyncio.Task[Any], asyncio.Future[None]]] = {}
         # Closed streams whose reader did not let go in time: that reader closes them.
         self._orphans: dict[str, tuple[AsyncIterator[Any], Any]] = {}
+        self._aborting: set[asyncio.Task[None]] = set()  # aborts left to run after a cancelled close
         self._stream_ids = itertools.count()
         # Stream ids are unique across replicas and restarts: a stream id of a replica that
         # died must not name a stream that its restarted successor opened for another query.
@@ -98,6 +99,8 @@ class EngineServer:
     async def close(self) -> None:
         for sid in list(self._streams):
             await self.close_stream(sid)
+        for sid in list(self._orphans):  # readers that never let go: the engine closes under them
+            await self._abort(sid, *self._orphans.pop(sid))
         await self.scheduler.close()
         await self.engine.close()
 
@@ -195,18 +198,25 @@ class EngineServer:
                     await asyncio.wait({reader, exited}, timeout=READER_EXIT_WAIT_S,
                                        return_when=asyncio.FIRST_COMPLETED)
                 except asyncio.CancelledError:  # this closer was cancelled: the reader finishes the job
-                    self._orphans[sid] = entry
-                    if exited.done():  # ... unless it already left
-                        del self._orphans[sid]
-                        asyncio.get_running_loop().create_task(self._abort(sid, *entry))
+                    if self._still_inside(iterator, reader, exited):
+                        self._orphans[sid] = entry
+                    else:  # ... unless it already left: abort here, in a task this cancel cannot stop
+                        task = asyncio.get_running_loop().create_task(self._abort(sid, *entry))
+                        self._aborting.add(task)
+                        task.add_done_callback(self._aborting.discard)
                     raise
-            inside = getattr(iterator, "ag_running", None)  # an async generator knows
-            if not exited.done() and (inside if inside is not None else not reader.done()):
+            if self._still_inside(iterator, reader, exited):
                 log.warning("stream %s on %s: its reader is still inside it %.0f s after being cancelled; "
                             "the reader aborts it when it leaves", sid, self.spec.name, READER_EXIT_WAIT_S)
                 self._orphans[sid] = entry
                 return
         await self._abort(sid, *entry)
+
+    @staticmethod
+    def _still_inside(iterator: Any, reader: asyncio.Task[Any], exited: asyncio.Future[None]) -> bool:
+        """Is the reader still inside the iterator (where ``aclose`` would fail)?"""
+        inside = getattr(iterator, "ag_running", None)  # an async generator knows
+        return not exited.done() and (inside if inside is not None else not reader.done())
 
     async def _abort(self, sid: str, iterator: AsyncIterator[Any], release: Any) -> None:
         try:

@@ -34,6 +34,8 @@ log = logging.getLogger("teola_plugin")
 # store has lost an in-memory index anyway, so a retried insert could not help.)
 RESTART_WAIT_S = 60.0  # how long a retry waits for Ray to restart a dead engine actor
 CLOSE_WAIT_S = 10.0  # how long close() lets clean-ups of abandoned calls finish before cancelling them
+GRACEFUL_CLOSE_S = 30.0  # how long an engine gets to unload before its actor is killed
+CLOSE_BUDGET_S = CLOSE_WAIT_S + 5 + GRACEFUL_CLOSE_S  # the most one close() takes
 IDEMPOTENT_OPS = frozenset({"embed", "search", "rerank", "prefill", "generate"})
 _tokens = itertools.count()
 _actor_ids = itertools.count()  # actor names stay unique when a failed start is retried
@@ -347,13 +349,15 @@ class RayHandle(EngineHandle):
     async def close(self) -> None:
         import ray
 
-        await self._settle_background(CLOSE_WAIT_S)
-        if self._started:  # else nothing to close gracefully (and an unplaced actor never answers)
-            try:
-                await asyncio.wait_for(self.actor.close.remote(), timeout=30)
-            except Exception as exc:
-                log.debug("closing engine actor %s: %s", self.name, exc)
-        ray.kill(self.actor, no_restart=True)
+        try:
+            await self._settle_background(CLOSE_WAIT_S)
+            if self._started:  # else nothing to close gracefully (and an unplaced actor never answers)
+                try:
+                    await asyncio.wait_for(self.actor.close.remote(), timeout=GRACEFUL_CLOSE_S)
+                except Exception as exc:
+                    log.debug("closing engine actor %s: %s", self.name, exc)
+        finally:  # even when the close itself is cut short: no actor outlives its runtime
+            ray.kill(self.actor, no_restart=True)
 
     async def discard(self) -> None:
         """A replica that never started (not placed, failed, abandoned): kill it at once."""

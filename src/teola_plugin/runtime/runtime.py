@@ -37,6 +37,8 @@ from .timeline import Timeline
 log = logging.getLogger("teola_plugin")
 T = TypeVar("T")
 START_REPORT_S = 60.0  # an engine still starting after this long gets a warning (and again after each)
+STOP_STARTS_S = 30.0  # shutdown: how long starts in progress get to stop their replicas
+LEFTOVER_TASKS_S = 10.0  # shutdown: how long whatever still runs on the loop gets after a cancel
 
 
 def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | None = None) -> dict[str, EngineSpec]:
@@ -280,7 +282,7 @@ class Runtime:
                 if done:
                     starting.result()  # the start's own error, if any
                     break
-                log.warning("engine %s has not started yet: %s", name, self._start_problem(name))
+                log.warning("engine %s has not started yet: %s", name, await self._start_problem(name))
         except BaseException as exc:
             starting.cancel()
             await asyncio.wait({starting}, timeout=5)
@@ -303,39 +305,43 @@ class Runtime:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            raise EngineStartTimeoutError(self._not_started(names, timeout_s, query_id)) from None
+            raise EngineStartTimeoutError(await self._not_started(names, timeout_s, query_id)) from None
         if timeout_s is None:
             return None
         left = timeout_s - (loop.time() - began)
         if left <= 0:
-            raise EngineStartTimeoutError(self._not_started(names, timeout_s, query_id))
+            raise EngineStartTimeoutError(await self._not_started(names, timeout_s, query_id))
         return left
 
-    def _not_started(self, names: list[str], timeout_s: float | None, query_id: str | None) -> str:
+    async def _not_started(self, names: list[str], timeout_s: float | None, query_id: str | None) -> str:
         missing = [n for n in names if n not in self._pools]
-        parts = [f"engine {name!r} did not start ({self._start_problem(name)})" for name in missing]
+        parts = [f"engine {name!r} did not start ({await self._start_problem(name)})" for name in missing[:1]]
+        # start_engines starts one engine after another: the rest never began
+        parts += [f"engine {name!r} had not begun starting (it waits for {missing[0]!r})" for name in missing[1:]]
         query = f"query {query_id}" if query_id else "the query"
         return (f"{query} did not start within its timeout_s={timeout_s} s: "
-                + "; ".join(parts or ["its engines were still starting"])
+                + "; ".join(parts or ["its engines started, but that took the whole timeout"])
                 + ". Give the EngineSpec resources the cluster has, raise timeout_s, or start the engines "
                   "beforehand (`await runtime.start_engines(...)`)")
 
-    def _start_problem(self, name: str) -> str:
+    async def _start_problem(self, name: str) -> str:
         spec = self.specs[name]
         if self.hosting != "ray":
             return f"{spec.replicas} replica(s) in this process, still loading"
         asked = {"CPU": spec.num_cpus, "GPU": spec.num_gpus, **dict(spec.resources)}
         asked = {k: v for k, v in asked.items() if v}
         what = ", ".join(f"{k}={v:g}" for k, v in asked.items()) or "no reserved resources"
-        return f"{spec.replicas} replica(s), each asking Ray for {what}{self._placement_hint(asked)}"
+        return f"{spec.replicas} replica(s), each asking Ray for {what}{await self._placement_hint(asked)}"
 
-    def _placement_hint(self, asked: dict[str, float]) -> str:
+    async def _placement_hint(self, asked: dict[str, float]) -> str:
         if not asked:
             return "; it reserves nothing, so it was still loading"
         try:
             import ray
 
-            nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+            # a GCS round trip: off the loop that serves every query, and bounded
+            alive = await asyncio.wait_for(asyncio.to_thread(ray.nodes), timeout=5)
+            nodes = [n["Resources"] for n in alive if n.get("Alive")]
         except Exception:  # the hint is optional
             return ""
         if any(all(node.get(k, 0) >= v for k, v in asked.items()) for node in nodes):
@@ -416,12 +422,15 @@ class Runtime:
                 for task in starting:  # each stops its replicas
                     task.cancel()
                 if starting:
-                    await asyncio.wait(starting, timeout=30)
+                    await asyncio.wait(starting, timeout=STOP_STARTS_S)
                 await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
-                await _cancel_leftover_tasks(timeout_s=10)
+                await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
 
-            try:
-                asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=60)
+            from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
+
+            try:  # the sum of the parts, so the loop never stops under a close still running
+                budget = STOP_STARTS_S + CLOSE_BUDGET_S + LEFTOVER_TASKS_S + 5
+                asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=budget)
             except Exception as exc:  # shutting down anyway
                 log.warning("closing engines: %s", exc)
             loop.call_soon_threadsafe(loop.stop)

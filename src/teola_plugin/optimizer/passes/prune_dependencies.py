@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ...ir.analysis import upstream
 from ...ir.graph import PGraph
 from ...ir.ports import PortType
 from ..context import PassContext
@@ -41,13 +42,7 @@ def _state_order(graph: PGraph) -> dict[str, set[str]]:
 
     def ancestors_of(name: str) -> set[str]:
         if name not in ancestors:
-            seen, stack = set(), list(graph.predecessors(name))
-            while stack:
-                n = stack.pop()
-                if n not in seen:
-                    seen.add(n)
-                    stack.extend(graph.predecessors(n))
-            ancestors[name] = seen
+            ancestors[name] = upstream(graph, graph.predecessors(name))
         return ancestors[name]
 
     keep: dict[str, set[str]] = defaultdict(set)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ...ir.analysis import upstream
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive
 from ...ir.ops import Op
@@ -53,17 +54,6 @@ def _known_prefix(fmt: Primitive, early: set[str]) -> list[Any]:
     return list(parts)
 
 
-def _ancestors(graph: PGraph, names: Any) -> set[str]:
-    seen: set[str] = set()
-    stack = [n for n in names if n in graph]
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack.extend(graph.predecessors(name))
-    return seen
-
-
 def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitive,
               prefix: list[Any], tokens: int) -> bool:
     """Would the prefill finish earlier with the prefix prefilled ahead? Engines on other
@@ -80,8 +70,8 @@ def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitiv
     prefix_done = ready([*prefix_inputs, *fmt.after]) + cost.node_cost(fmt) + partial
     # The window the partial prefill runs in: what the full prompt waits for and the prefix
     # does not. Its work on the LLM's hardware finishes later by up to the partial's time.
-    window = (_ancestors(graph, graph.predecessors(prefill.name))
-              - _ancestors(graph, [*prefix_inputs, *fmt.after]) - {fmt.name})
+    window = (upstream(graph, graph.predecessors(prefill.name))
+              - upstream(graph, [*prefix_inputs, *fmt.after]) - {fmt.name})
     shared = sum(ctx.cost(graph[n]) for n in window if cost.shares_compute(graph[n], prefill))
     delay = min(partial, shared)
     old_end = max(fmt_done, others) + cost.node_cost(prefill)
