@@ -102,6 +102,7 @@ def test_a_cancelled_model_load_gives_its_shared_reference_back(monkeypatch):
     thread finishes, its reference to the shared model goes back (else it never unloads)."""
     import asyncio
     import threading
+    import time
 
     from teola_plugin.engines import embedder as emb
 
@@ -110,8 +111,9 @@ def test_a_cancelled_model_load_gives_its_shared_reference_back(monkeypatch):
     count = lambda: emb._SHARED[key][2] if key in emb._SHARED else 0  # noqa: E731
     before, loaded, original = count(), threading.Event(), emb.acquire_sentence_transformer
 
-    def slow_acquire(*args):
+    def slow_acquire(*args):  # a load that is still running when the cancel lands
         try:
+            time.sleep(0.5)  # (the model may already be loaded in this process: then it is instant)
             return original(*args)
         finally:
             loaded.set()

@@ -19,6 +19,8 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from teola_plugin import datasets
 from teola_plugin.langchain import TeolaChatModel, TeolaEmbeddings, TeolaLLM, TeolaRunnable
+from teola_plugin.errors import ConfigError
+from teola_plugin.optimizer import CostModel
 
 QUESTIONS = [
     "Which NFL team represented the AFC at Super Bowl 50?",
@@ -257,11 +259,17 @@ def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime
 
     expander = TeolaLLM(runtime=runtime, max_tokens=40)
     mq = MultiQueryRetriever.from_llm(retriever=retriever, llm=expander)
-    fast = TeolaRunnable(mq, runtime=runtime)
+    # Planned as if each engine had its own hardware (the runtime's own cost model declines
+    # decode pipelining on this CPU-only machine), so the pipelined path runs for real.
+    fast = TeolaRunnable(mq, runtime=runtime, cost_model=CostModel.default())
     question = QUESTIONS[2]
     expected, got = mq.invoke(question), fast.invoke(question)
     assert got == expected and len(got) >= 2
     plan = fast._plan(question)
     (decode,) = [p for p in plan.graph if p.op.value == "llm_decode"]
     assert decode.attrs["parse"] == "lines" and decode.attrs["stream_items"]  # pipelined retrieval
+    (cpu_decode,) = [p for p in TeolaRunnable(mq, runtime=runtime)._plan(question).graph if p.op.value == "llm_decode"]
+    assert not cpu_decode.attrs.get("stream_items")  # the runtime's own plan: one CPU, nothing to overlap
+    with pytest.raises(ConfigError, match="cost_model"):
+        TeolaRunnable(mq, runtime=runtime, cost_model="fast")
     assert "Opaque components: none" in fast.explain(question)

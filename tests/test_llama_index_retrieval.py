@@ -46,7 +46,19 @@ def assert_same_nodes(teola, plain):
 
 
 def test_query_fusion_matches_plain_llamaindex(runtime, index, llm, executor):
+    from teola_plugin.errors import ConfigError
+    from teola_plugin.llama_index import TeolaExecutor
+    from teola_plugin.optimizer import CostModel
+
     question = QUESTIONS[1]
+    # On this CPU-only machine the runtime's cost model (every engine on the same cores)
+    # declines decode pipelining; planned as if each engine had its own hardware, the
+    # pipelined path runs on the real engines and must give the same nodes.
+    default_plan = executor._prepare(executor.trace(fusion([index.as_retriever()], llm, MODES[0])))
+    assert not any(p.attrs.get("stream_items") for p in default_plan.nodes)
+    with pytest.raises(ConfigError, match="cost_model"):
+        TeolaExecutor(runtime=runtime, cost_model={"llm": "gpu"})
+    executor = TeolaExecutor(runtime=runtime, cost_model=CostModel.default())
     for mode in MODES:
         retriever = fusion([index.as_retriever(similarity_top_k=3)], llm, mode, use_async=mode == "relative_score")
         with plain_prompts() as sent_plain:

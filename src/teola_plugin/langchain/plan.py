@@ -30,9 +30,10 @@ class ExecutionPlan:
 
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
-              disabled: Iterable[str] = (), runtime: Runtime | None = None) -> ExecutionPlan:
-        """Optimize ``trace``; with ``runtime``, its cost model (which engines share hardware)."""
-        cost = runtime.cost_model() if runtime is not None else None
+              disabled: Iterable[str] = (), runtime: Runtime | None = None,
+              cost_model: Any = None) -> ExecutionPlan:
+        """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
+        cost = cost_model or (runtime.cost_model() if runtime is not None else None)
         return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
@@ -69,8 +70,8 @@ class SubPlans:
     MAX_PLANS = 128
 
     def __init__(self, runtime: Runtime, engine_models: Mapping[str, ServedModel | str],
-                 passes: Sequence[str] | None = None, disabled: Iterable[str] = ()) -> None:
-        self.runtime = runtime
+                 passes: Sequence[str] | None = None, disabled: Iterable[str] = (), cost_model: Any = None) -> None:
+        self.runtime, self.cost_model = runtime, cost_model
         self.engine_models = dict(engine_models)
         self.passes, self.disabled = passes, tuple(disabled)
         self._plans: OrderedDict[tuple[int, InputLayout], tuple[Any, ExecutionPlan]] = OrderedDict()
@@ -83,7 +84,7 @@ class SubPlans:
             if known is not None:
                 return known[1]
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
-        plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime)
+        plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime, self.cost_model)
         with self._lock:
             self._plans[key] = (runnable, plan)  # the runnable is kept alive with its id
             while len(self._plans) > self.MAX_PLANS:

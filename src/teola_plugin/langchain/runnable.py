@@ -29,6 +29,7 @@ from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
 from ..errors import ConfigError
 from ..optimizer import PassManager
+from ..optimizer.cost import check_cost_model
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from .bridge import stream_async, stream_sync
@@ -48,6 +49,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     passes: list[str] | None = None  # optimizer passes (None: all, in the default order)
     disabled: list[str] = Field(default_factory=list)  # passes switched off (ablations)
     timeout_s: float | None = None  # per call
+    cost_model: Any = Field(default=None, exclude=True)
+    """The optimizer's ``CostModel``; default: the runtime's (which engines share hardware)."""
 
     _plans: OrderedDict[InputLayout, ExecutionPlan] = PrivateAttr(default_factory=OrderedDict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
@@ -62,6 +65,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         check_timeout(kwargs.get("timeout_s"))
+        check_cost_model(kwargs.get("cost_model"))
         super().__init__(chain=chain, runtime=runtime, passes=None if passes is None else list(passes),
                          disabled=list(disabled), **kwargs)
 
@@ -80,7 +84,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             if plan is None:
                 sub = self._sub_planner()
                 trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
-                plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime())
+                plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime(), self.cost_model)
                 self._plans[layout] = plan
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)
@@ -90,7 +94,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """Plans for what ``RunnableEach`` / ``RunnableBranch`` decide at run time (called under the lock)."""
         if self._sub_plans is None:
             runtime = self.teola_runtime()
-            self._sub_plans = SubPlans(runtime, served_models(runtime), self.passes, self.disabled)
+            self._sub_plans = SubPlans(runtime, served_models(runtime), self.passes, self.disabled, self.cost_model)
         return self._sub_plans
 
     def _example_layout(self) -> InputLayout:

@@ -31,6 +31,7 @@ from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, trace
 from ..capture.llama_index_ingest import embedding_graph, flush_all, pending_states
 from ..errors import ConfigError
 from ..ir.graph import PGraph
+from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
@@ -52,11 +53,15 @@ class TeolaExecutor:
             record their nodes and the next query on the index embeds and inserts them in its
             own graph (every other read path flushes first; :meth:`flush` does it now).
             ``False``: they embed through Teola at call time and return when stored.
+        cost_model: the optimizer's :class:`CostModel` (e.g. from a measured profile file);
+            ``None`` = the runtime's (``Runtime.cost_model()``: default profiles and which
+            engines share hardware, so a CPU-only machine is not planned as a GPU cluster).
     """
 
     def __init__(self, runtime: Runtime | None = None, *, passes: Sequence[str] | None = None,
                  disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None,
-                 ray_address: str | None = None, defer_ingestion: bool = True) -> None:
+                 ray_address: str | None = None, defer_ingestion: bool = True,
+                 cost_model: CostModel | None = None) -> None:
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         if ray_address is not None:
@@ -67,6 +72,7 @@ class TeolaExecutor:
                                   f"got {ray_address!r}")
             runtime = Runtime(ray_address=ray_address).start()
         self._passes = PassManager(passes, disabled)  # unknown names fail here, not mid-query
+        self.cost_model = check_cost_model(cost_model)
         self.optimize = bool(optimize)
         self.timeout_s = check_timeout(timeout_s)  # 0, NaN, inf, a string: ConfigError now, not mid-query
         self._runtime = runtime
@@ -91,7 +97,7 @@ class TeolaExecutor:
         return self._context
 
     def _prepare(self, graph: PGraph) -> PGraph:
-        return self._passes.run(graph, self.runtime.cost_model()) if self.optimize else graph
+        return self._passes.run(graph, self.cost_model or self.runtime.cost_model()) if self.optimize else graph
 
     def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
         """The trace with its bookkeeping (bound inputs, local engines, notes)."""

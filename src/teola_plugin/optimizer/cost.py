@@ -216,3 +216,11 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         return {"profiles": {e: {op: {"batch": list(c.batch), "latency_s": list(c.latency_s)}
                                  for op, c in ops.items()} for e, ops in self._curves.items()}}
+
+
+def check_cost_model(value: Any) -> CostModel | None:
+    """An integration's ``cost_model=`` argument: a :class:`CostModel` or None (the runtime's)."""
+    if value is not None and not isinstance(value, CostModel):
+        raise ConfigError(f"cost_model must be a teola_plugin CostModel (CostModel.from_file(path), "
+                          f"CostModel.default()) or None, got {type(value).__name__}")
+    return value
