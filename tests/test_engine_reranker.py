@@ -132,6 +132,11 @@ def test_config_checks_and_pickling():
         Reranker(batch_size=0)
     with pytest.raises(ConfigError):
         Reranker(cross_encoder_path="/a", bi_encoder_path="/b")
+    with pytest.raises(ConfigError, match="cross-encoder only"):
+        Reranker(max_length=256)  # the bi-encoder has no pair length
+    with pytest.raises(ConfigError, match="positive int"):
+        Reranker(cross_encoder_path="/a", max_length=0)
+    assert Reranker(cross_encoder_path="/a", max_length=256).max_length == 256
     r = pickle.loads(pickle.dumps(Reranker(batch_size=4)))
     assert r.batch_size == 4 and r.mode == "bi-encoder" and not r.started
 

@@ -139,3 +139,72 @@ def test_cross_encoder_rerank_stays_opaque_and_warns_once(index, llm, executor, 
     warnings = [r for r in caplog.records if "SentenceTransformerRerank" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     assert warnings[0].name.startswith("teola_plugin") and "bi-encoder" in warnings[0].getMessage()
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory):
+    # No trained cross-encoder weights exist offline. This is a real sequence-classification
+    # checkpoint: the bundled MiniLM encoder plus a seeded one-output head, saved once so every
+    # load gets the same head. Its scores are deterministic but untrained (meaningless as
+    # relevance): the tests compare plumbing, Teola vs plain LlamaIndex on the same checkpoint.
+    import torch
+    import transformers
+
+    from teola_plugin.engines.embedder import default_model_path
+
+    path = tmp_path_factory.mktemp("cross_encoder")
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1)
+    model.save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def cross_encoder_engine(runtime, cross_encoder_dir):
+    """A reranker engine serving that checkpoint in-process (LlamaIndex's max_length), only for the test."""
+    from teola_plugin.engines.reranker import Reranker
+
+    name = "ce_reranker"
+    engine = Reranker(cross_encoder_path=cross_encoder_dir, max_length=512)
+    runtime.run_sync(runtime.add_local_engine(name, engine), timeout=300)
+    yield name
+    pool = runtime._pools.pop(name)  # later tests see the session runtime as it was
+    runtime.run_sync(pool.close(), timeout=60)
+
+
+def test_cross_encoder_rerank_without_a_serving_engine_stays_opaque(index, llm, executor, cross_encoder_dir):
+    rerank = SentenceTransformerRerank(model=cross_encoder_dir, top_n=2, device="cpu")
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=[rerank])
+    (note,) = executor.traced(query_engine).opaque
+    assert note.component == "SentenceTransformerRerank"
+    assert cross_encoder_dir in note.reason and "'reranker'" in note.reason and "bi-encoder" in note.reason
+    assert "which no Teola reranker engine serves" in executor.explain(query_engine)
+
+
+def test_cross_encoder_rerank_lowers_onto_the_engine_serving_it(index, llm, executor, cross_encoder_dir,
+                                                                 cross_encoder_engine):
+    rerank = SentenceTransformerRerank(model=cross_encoder_dir, top_n=2, device="cpu")
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=4, node_postprocessors=[rerank])
+    traced = executor.traced(query_engine)
+    assert traced.opaque == []
+    (prim,) = [p for p in traced.graph.nodes if p.op.value == "rerank"]
+    assert prim.engine == cross_encoder_engine and prim.origin == "SentenceTransformerRerank"
+    question = QUESTIONS[2]
+    plain = query_engine.query(question).source_nodes
+    teola = executor.query(query_engine, question).source_nodes
+    assert len(plain) == 2  # top_n of the 4 retrieved
+    assert_same_nodes(teola, plain)
+    # All four scored and sorted the same way (top_n larger than the retrieved nodes).
+    everything = SentenceTransformerRerank(model=cross_encoder_dir, top_n=10, device="cpu")
+    retriever_engine = index.as_query_engine(llm=llm, similarity_top_k=4, node_postprocessors=[everything])
+    plain_all = everything.postprocess_nodes(index.as_retriever(similarity_top_k=4).retrieve(question),
+                                             query_str=question)
+    teola_all = executor.query(retriever_engine, question).source_nodes
+    assert len(plain_all) == 4 and len({round(float(n.score), 6) for n in plain_all}) == 4  # an order to keep
+    assert_same_nodes(teola_all, plain_all)
+    # Settings that change scores must match: a different truncation stays opaque, saying why.
+    rerank._model.max_seq_length = 256
+    other = index.as_query_engine(llm=llm, similarity_top_k=4, node_postprocessors=[rerank])
+    (note,) = executor.traced(other).opaque
+    assert "max_length=256" in note.reason and "max_length=512" in note.reason and cross_encoder_engine in note.reason

@@ -7,7 +7,10 @@ Two scorers, chosen by ``cross_encoder_path``:
   ``cross-encoder/ms-marco-MiniLM-L-6-v2``. Its score for (query, text) is the model's
   relevance output. The directory must hold a sequence-classification model with one
   output; anything else is refused (:class:`~teola_plugin.errors.ModelLoadError`) instead
-  of being wrapped in a randomly initialised classification head.
+  of being wrapped in a randomly initialised classification head. ``max_length`` (tokens a
+  (query, text) pair is cut to) is passed to the ``CrossEncoder``; ``None`` keeps the
+  model's own. It changes scores of long texts, so LlamaIndex's ``SentenceTransformerRerank``
+  (which loads with ``max_length=512``) is lowered onto this engine only when they agree.
 * **the default, a bi-encoder** (no path): the score is the cosine similarity between the
   query's and the text's embeddings from the bundled all-MiniLM-L6-v2 (the same model as
   the default embedder; in one process both share one copy of the weights). These scores
@@ -79,6 +82,7 @@ class Reranker(Engine):
         bi_encoder_path: sentence-transformers model for the default scorer; ``None`` = the
             bundled all-MiniLM-L6-v2.
         batch_size: pairs (cross-encoder) or texts (bi-encoder) per forward pass.
+        max_length: cross-encoder only: tokens per (query, text) pair; ``None`` = the model's own.
         device: ``"cpu"`` (default), ``"cuda"`` / ``"cuda:N"``, ``"mps"``.
 
     Operations: ``rerank`` (``batch_rerank`` merges requests ``{"query", "hits", "top_n"}``
@@ -94,12 +98,19 @@ class Reranker(Engine):
         batch_size: int = 32,
         device: str = "cpu",
         name: str | None = None,
+        max_length: int | None = None,
     ) -> None:
         super().__init__(name)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
         if cross_encoder_path is not None and bi_encoder_path is not None:
             raise ConfigError("give cross_encoder_path or bi_encoder_path, not both")
+        if max_length is not None:
+            if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
+                raise ConfigError(f"max_length must be a positive int or None, got {max_length!r}")
+            if cross_encoder_path is None:
+                raise ConfigError("max_length applies to the cross-encoder only (give cross_encoder_path)")
+        self.max_length = max_length
         self.cross_encoder_path = None if cross_encoder_path is None else str(cross_encoder_path)
         self.bi_encoder_path = None if bi_encoder_path is None else str(bi_encoder_path)
         self.batch_size = batch_size
@@ -118,7 +129,7 @@ class Reranker(Engine):
     async def _load(self) -> None:
         if self.cross_encoder_path is not None:
             path = check_model_dir(self.cross_encoder_path, "cross-encoder")
-            self._cross = await asyncio.to_thread(self._load_cross_encoder, path, self.device)
+            self._cross = await asyncio.to_thread(self._load_cross_encoder, path, self.device, self.max_length)
             self._lock = threading.Lock()
         else:
             path = check_model_dir(
@@ -129,7 +140,7 @@ class Reranker(Engine):
             self._bi_path = path
 
     @staticmethod
-    def _load_cross_encoder(path: Path, device: str) -> Any:
+    def _load_cross_encoder(path: Path, device: str, max_length: int | None = None) -> Any:
         try:
             cfg = json.loads((path / "config.json").read_text())
         except (OSError, ValueError) as e:
@@ -145,7 +156,7 @@ class Reranker(Engine):
         from sentence_transformers import CrossEncoder
 
         try:
-            model = CrossEncoder(str(path), device=device, local_files_only=True)
+            model = CrossEncoder(str(path), device=device, local_files_only=True, max_length=max_length)
         except Exception as e:
             raise ModelLoadError(f"could not load cross-encoder from {str(path)!r}: {e}") from e
         n_labels = getattr(getattr(model, "model", None), "config", None)
@@ -166,6 +177,7 @@ class Reranker(Engine):
             model_path=str(self.cross_encoder_path or self._bi_path or self.bi_encoder_path or "<bundled all-MiniLM-L6-v2>"),
             batch_size=self.batch_size,
             device=self.device,
+            max_length=self.max_length,
         )
         return d
 

@@ -362,6 +362,12 @@ class Runtime:
                 self._pools[name] = pool
         return self._pools[name]
 
+    def local_engines(self) -> dict[str, Any]:
+        """The engine objects served in this process (``add_local_engine``, or every started
+        engine with ``hosting="local"``), by name: integrations read their settings."""
+        return {name: pool.handles[0].server.engine for name, pool in self._pools.items()
+                if isinstance(pool.handles[0], LocalHandle)}
+
     def cost_model(self) -> Any:
         """The optimizer's cost model for this runtime: default profiles plus which engines
         share hardware (:mod:`.compute_groups`), so passes do not count on overlapping
