@@ -315,3 +315,15 @@ def test_a_bad_ray_address_fails_at_construction():
         TeolaExecutor(ray_address="127.0.0.1:1")
     with pytest.raises(ConfigError, match="host:port"):
         TeolaExecutor(ray_address="not-an-address")
+
+
+def test_two_executors_on_one_runtime_search_one_store_through_the_engine_serving_it(runtime, index, executor):
+    """The runtime serves one engine per user store; an executor tracing the store after
+    another one did must bind its retrievers on that engine (not on a copy nobody serves)."""
+    other = TeolaExecutor(runtime=runtime)
+    question = QUESTIONS[0]
+    plain = index.as_retriever(similarity_top_k=2).retrieve(question)
+    first = executor.retrieve(index.as_retriever(similarity_top_k=2), question)
+    second = other.retrieve(index.as_retriever(similarity_top_k=2), question)
+    again = executor.retrieve(index.as_retriever(similarity_top_k=2), question)
+    assert ids(first) == ids(second) == ids(again) == ids(plain) and len(plain) == 2

@@ -109,8 +109,6 @@ class TraceContext:
 
     runtime: Any
     prepare_expansion: Callable[[PGraph], PGraph] = lambda graph: graph
-    # One engine per user vector store, kept across traces (the executor owns the context).
-    store_engines: dict[int, Engine] = field(default_factory=dict)
     # Join an index's pending ingestion into the graph of a query on it (defer_ingestion).
     join_ingestion: bool = False
 

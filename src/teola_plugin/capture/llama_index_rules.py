@@ -80,10 +80,10 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
     when the index has deferred documents, the handle comes out of their ``vector_insert``
     (``join_pending``), so every search of the store in this graph waits for them."""
     store = retriever._vector_store
-    engine = tr.ctx.store_engines.get(id(store))
-    if engine is None:
-        engine = tr.ctx.store_engines[id(store)] = FrameworkVectorStoreEngine(
-            store, name=f"llama_index-{type(store).__name__}-{id(store):x}")
+    name = f"llama_index-{type(store).__name__}-{id(store):x}"
+    # One engine per store and runtime (the engine keeps the store alive, so its id stays its
+    # own): a second executor on the runtime must bind on the engine that serves the store.
+    engine = tr.ctx.runtime.shared_local_engine(name, lambda: FrameworkVectorStoreEngine(store, name=name))
     tr.traced.local_engines[engine.name] = engine
     index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
     return join_pending(tr, retriever, index, engine.name), engine.name

@@ -121,6 +121,7 @@ class Runtime:
         self._owns_ray = False
         self._closed = False
         self._start_lock = threading.Lock()
+        self._local_objects: dict[str, Any] = {}  # shared_local_engine: name -> engine object
 
     # -- loop --------------------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -361,6 +362,17 @@ class Runtime:
                 await pool.start()
                 self._pools[name] = pool
         return self._pools[name]
+
+    def shared_local_engine(self, name: str, make: Callable[[], Any]) -> Any:
+        """The engine object this runtime serves (or will serve) in-process as ``name``, built
+        by ``make()`` the first time. An engine wrapping a user's object (a LlamaIndex vector
+        store) is one per runtime, so every executor tracing that object binds its
+        retrievers on the engine that actually serves it."""
+        with self._start_lock:
+            engine = self._local_objects.get(name)
+            if engine is None:
+                engine = self._local_objects[name] = make()
+            return engine
 
     def local_engines(self) -> dict[str, Any]:
         """The engine objects served in this process (``add_local_engine``, or every started
