@@ -174,7 +174,7 @@ def _query_str(query: QueryBundle | None) -> str:
 
 def _pairs_as_hits(nodes: list[NodeWithScore], query: QueryBundle | None) -> list[Hit]:
     """The texts SentenceTransformerRerank pairs with the query; a hit's id is the node's position.
-    None for no query: no engine call, and LlamaIndex's own code then raises its error."""
+    Nothing for no query: no engine call, and LlamaIndex's own code then raises its error."""
     if query is None:
         return []
     return [Hit(id=str(i), score=0.0, text=n.node.get_content(metadata_mode=MetadataMode.EMBED))
