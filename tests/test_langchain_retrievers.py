@@ -157,3 +157,26 @@ def test_langchain_vllm_is_mapped_onto_the_engine_serving_its_model(runtime, eng
     other = VLLM.model_construct(model="some/other-model", max_new_tokens=12)
     explanation = TeolaRunnable(prompt | other, runtime=runtime).explain({"question": "x"})
     assert "VLLM" in explanation and "is not the model of a Teola LLM engine" in explanation
+
+
+def test_a_store_built_per_request_is_not_kept_alive_by_the_runtime(runtime, passages):
+    """A LangChain app that indexes each request's documents in a fresh store: when the app
+    lets the store (and its chain) go, the runtime drops the engine serving it."""
+    import gc
+    import weakref
+
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    def one_request() -> tuple[weakref.ref, str, list]:
+        store = InMemoryVectorStore(TeolaEmbeddings(runtime=runtime))
+        store.add_texts([p.text for p in passages[:6]], ids=[p.id for p in passages[:6]])
+        retriever = store.as_retriever(search_kwargs={"k": 2})
+        got = TeolaRunnable(retriever, runtime=runtime).invoke(QUESTIONS[0])
+        assert got == retriever.invoke(QUESTIONS[0]) and len(got) == 2
+        (name,) = [n for n in runtime.local_engines() if n == f"langchain_store_{id(store):x}"]
+        return weakref.ref(store), name
+
+    store, name = one_request()
+    gc.collect()
+    assert store() is None, "the runtime kept the per-request store alive"
+    assert name not in runtime.local_engines()

@@ -327,3 +327,35 @@ def test_two_executors_on_one_runtime_search_one_store_through_the_engine_servin
     second = other.retrieve(index.as_retriever(similarity_top_k=2), question)
     again = executor.retrieve(index.as_retriever(similarity_top_k=2), question)
     assert ids(first) == ids(second) == ids(again) == ids(plain) and len(plain) == 2
+
+
+def test_an_index_built_per_request_is_not_kept_alive_by_the_runtime(runtime, index, executor):
+    """Document QA builds an index per request: once the app drops it, the engine serving its
+    store goes too (a runtime serving many requests must not keep every upload), and the
+    retrievers a long-lived index hands out per query are not kept either."""
+    import gc
+    import weakref
+
+    passages = datasets.load_corpus("squad-xquad-en")[PASSAGES:PASSAGES + 6]
+
+    def one_request() -> tuple[weakref.ref, str, list[str], list[str]]:
+        upload = VectorStoreIndex.from_documents([Document(text=p.text, id_=p.id) for p in passages],
+                                                 embed_model=TeolaEmbedding(runtime=runtime))
+        nodes = executor.retrieve(upload.as_retriever(similarity_top_k=2), QUESTIONS[0])
+        store = upload.vector_store
+        (name,) = [n for n in runtime.local_engines() if n.endswith(f"-{id(store):x}")]
+        return weakref.ref(store), name, ids(nodes), ids(upload.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))
+
+    store, name, got, plain = one_request()
+    gc.collect()
+    assert got == plain and len(got) == 2
+    assert store() is None, "the runtime kept the per-request store alive"
+    assert name not in runtime.local_engines()
+
+    for _ in range(3):  # a new query engine per request over the long-lived index
+        executor.retrieve(index.as_retriever(similarity_top_k=2), QUESTIONS[0])
+    gc.collect()
+    served = runtime.local_engines()[f"llama_index-{type(index.vector_store).__name__}-{id(index.vector_store):x}"]
+    assert served.describe()["indexes"] == []  # every per-request retriever went with its request
+    assert ids(executor.retrieve(index.as_retriever(similarity_top_k=2), QUESTIONS[0])) == ids(
+        index.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))

@@ -152,6 +152,20 @@ def test_decompose_shard_count_comes_from_the_cost_model():
     assert by_op(pm.run(naive_rag(n_docs=10), linear), Op.EMBED) == ["embed", "embed_1"]  # < 2 shards of 8
 
 
+def test_decompose_needs_a_real_gain_not_a_rounding_one():
+    """A lone embedding of a document upload (LlamaIndex's traced ingestion: its insert is
+    not in the chain) on a compute-bound curve: two half calls cost what one whole call
+    does, so the model's gain is rounding, and the split stays off unless asked for."""
+    g = PGraph()
+    texts = g.input("texts", PortType.TEXTS)
+    embed = g.add(Op.EMBED, name="embed", inputs={"texts": texts}, attrs={"est_items": 100})
+    g.output("vectors", embed.out("vectors"))
+    near_tie = CostModel({"embedder": {"embed": {"batch": [32, 64], "latency_s": [0.0914, 0.183]}}})
+    assert by_op(PassManager(["decompose"]).run(g, near_tie), Op.EMBED) == ["embed"]
+    forced = PassManager(["decompose"], options={"min_gain": 0.0}).run(g, near_tie)
+    assert len(by_op(forced, Op.EMBED)) > 1  # the option is what declined it
+
+
 def test_decompose_concatenates_split_outputs_read_outside_the_chain():
     g = naive_rag()
     g.output("chunks", Ref("chunk", "chunks"))

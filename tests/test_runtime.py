@@ -43,7 +43,7 @@ def small_answers(graph: PGraph, max_tokens: int = 24) -> PGraph:
 
 def test_optimized_naive_rag_returns_what_the_unoptimized_graph_returns(runtime, call):
     question = datasets.load_questions("hotpotqa-dev-500", limit=1)[0]
-    docs = hotpot_docs(question)
+    docs = hotpot_docs(question, extra=40)  # enough documents that splitting ingestion pays
     plain = small_answers(app_graphs.naive_rag(n_docs=len(docs), top_k=3))
     fast = small_answers(optimize(app_graphs.naive_rag(n_docs=len(docs), top_k=3)))
     assert any(p.shard for p in fast.nodes), "stage decomposition should have split ingestion"

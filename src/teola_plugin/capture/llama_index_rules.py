@@ -81,9 +81,11 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
     (``join_pending``), so every search of the store in this graph waits for them."""
     store = retriever._vector_store
     name = f"llama_index-{type(store).__name__}-{id(store):x}"
-    # One engine per store and runtime (the engine keeps the store alive, so its id stays its
-    # own): a second executor on the runtime must bind on the engine that serves the store.
-    engine = tr.ctx.runtime.shared_local_engine(name, lambda: FrameworkVectorStoreEngine(store, name=name))
+    # One engine per store and runtime: a second executor on the runtime must bind on the
+    # engine that serves the store. It goes when the store is collected (an index built per
+    # request is not kept), before the store's id, and so the name, can be reused.
+    engine = tr.ctx.runtime.shared_local_engine(name, lambda: FrameworkVectorStoreEngine(store, name=name),
+                                                owner=store)
     tr.traced.local_engines[engine.name] = engine
     index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
     return join_pending(tr, retriever, index, engine.name), engine.name

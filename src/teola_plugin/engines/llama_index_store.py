@@ -13,7 +13,9 @@ in their original order. Routing by join id rather than by index name means a la
 an abandoned run can never reach a newer run's claim on the same index.
 
 Served in-process (``Runtime.add_local_engine``): the store is a live Python object that
-must not be pickled into an actor. Knows nothing about graphs.
+must not be pickled into an actor. The store and the bound retrievers are held weakly
+(``user_object``): an app that builds an index per request does not have the runtime keep
+them all; the runtime drops the engine with its store. Knows nothing about graphs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, ClassVar
 
 from ..errors import EngineInputError
 from .base import Engine
+from .user_object import UserObjectRef
 
 
 class FrameworkVectorStoreEngine(Engine):
@@ -32,16 +35,24 @@ class FrameworkVectorStoreEngine(Engine):
 
     def __init__(self, vector_store: Any, name: str | None = None) -> None:
         super().__init__(name)
-        self.vector_store = vector_store
-        self._retrievers: dict[str, Any] = {}
+        self._store = UserObjectRef(vector_store, "LlamaIndex vector store")
+        # index name -> retriever; a per-request query engine's retriever goes with it
+        self._retrievers: dict[str, UserObjectRef[Any]] = {}
         self._claims: dict[str, Any] = {}  # join id -> Claim of the run inserting those nodes
 
+    @property
+    def vector_store(self) -> Any:
+        return self._store()
+
     def bind(self, retriever: Any) -> str:
-        """Route searches on the returned index name through ``retriever``'s query settings."""
+        """Route searches on the returned index name through ``retriever``'s query settings
+        (while the retriever lives: the query's plan holds it)."""
         if retriever._vector_store is not self.vector_store:
             raise EngineInputError(f"engine {self.name!r}: the retriever searches another vector store")
+        for name in [n for n, ref in self._retrievers.items() if not ref.alive()]:
+            del self._retrievers[name]  # ids of collected retrievers may be reused
         index = f"retriever-{id(retriever):x}"
-        self._retrievers[index] = retriever
+        self._retrievers[index] = UserObjectRef(retriever, "LlamaIndex retriever")
         return index
 
     def expect(self, join_id: str, claim: Any) -> None:
@@ -92,8 +103,8 @@ class FrameworkVectorStoreEngine(Engine):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "store": type(self.vector_store).__name__,
-                "indexes": sorted(self._retrievers)}
+        return {**super().describe(), "store": self._store.type_name, "store_alive": self._store.alive(),
+                "indexes": sorted(n for n, ref in self._retrievers.items() if ref.alive())}
 
     async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         """Requests ``{"index", "vectors", "k"}`` -> one ranked ``NodeWithScore`` list per vector.
@@ -110,7 +121,7 @@ class FrameworkVectorStoreEngine(Engine):
 
         out = []
         for r in requests:
-            retriever = self._retrievers[r["index"]]
+            retriever = self._retrievers[r["index"]]()
             # query_str is not part of a vector search request; the lowering only routes
             # stores and modes here whose results depend on the embedding alone.
             out.append([retriever._get_nodes_with_embeddings(QueryBundle(query_str="", embedding=list(v)))

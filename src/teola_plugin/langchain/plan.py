@@ -41,7 +41,8 @@ class ExecutionPlan:
 
     async def serve_stores(self, runtime: Runtime) -> None:
         for engine, store in self.trace.stores.values():
-            await runtime.add_local_engine(engine, FrameworkVectorStoreEngine(store, name=engine))
+            # dropped when the user's store is collected (the name holds its id)
+            await runtime.add_local_engine(engine, FrameworkVectorStoreEngine(store, name=engine), owner=store)
 
     async def execute(self, runtime: Runtime, input: Any, *, timeout_s: float | None = None,
                       on_token: Callable[[str], None] | None = None) -> Any:

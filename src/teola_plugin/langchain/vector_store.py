@@ -4,7 +4,8 @@ The store stays the user's instance: a lowered retriever's ``vector_search`` pri
 calls the store's own ``similarity_search_by_vector`` with the query vector, which is what
 the retriever calls after embedding the query. Searches of several queries arrive
 batched (one engine call); each runs in a worker thread so a large store does not stall
-the runtime loop.
+the runtime loop. The store is held weakly (``engines.user_object``): the runtime drops
+the engine when the user's store is collected, so a store built per request is not kept.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..engines.base import Engine
+from ..engines.user_object import UserObjectRef
 
 
 class FrameworkVectorStoreEngine(Engine):
@@ -22,13 +24,17 @@ class FrameworkVectorStoreEngine(Engine):
 
     def __init__(self, store: Any, name: str | None = None) -> None:
         super().__init__(name)
-        self.store = store
+        self._store = UserObjectRef(store, "LangChain vector store")
 
     async def _load(self) -> None:
         return None  # the store is already loaded: it is the user's object
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "store": type(self.store).__name__}
+        return {**super().describe(), "store": self._store.type_name, "store_alive": self._store.alive()}
+
+    @property
+    def store(self) -> Any:
+        return self._store()
 
     def _search(self, vectors: Any, k: int) -> list[list[Any]]:
         return [self.store.similarity_search_by_vector(np.asarray(v, dtype=np.float32).tolist(), k=k)

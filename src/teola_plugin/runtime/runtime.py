@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -122,6 +123,7 @@ class Runtime:
         self._closed = False
         self._start_lock = threading.Lock()
         self._local_objects: dict[str, Any] = {}  # shared_local_engine: name -> engine object
+        self._closing: set[asyncio.Task[None]] = set()  # pools of collected user objects, closing
 
     # -- loop --------------------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -350,9 +352,11 @@ class Runtime:
         have = "; ".join(", ".join(f"{k}={node.get(k, 0):g}" for k in asked) for node in nodes)
         return f"; no node of the Ray cluster has them (nodes: {have or 'none'})"
 
-    async def add_local_engine(self, name: str, engine: Any, policy: Any = None) -> ReplicaPool:
+    async def add_local_engine(self, name: str, engine: Any, policy: Any = None, owner: Any = None) -> ReplicaPool:
         """Serve an already-built engine object from this process (e.g. one wrapping a
-        framework's own vector store, which must stay the user's instance). Idempotent per name."""
+        framework's own vector store, which must stay the user's instance). Idempotent per name.
+        With ``owner`` (the user's object the engine wraps), the engine is dropped when the
+        owner is garbage-collected (:meth:`drop_local_engine_with`)."""
         if self._pool_lock is None:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
@@ -361,18 +365,55 @@ class Runtime:
                 pool = ReplicaPool(name, [handle])
                 await pool.start()
                 self._pools[name] = pool
+                if owner is not None:
+                    self.drop_local_engine_with(owner, name)
         return self._pools[name]
 
-    def shared_local_engine(self, name: str, make: Callable[[], Any]) -> Any:
+    def shared_local_engine(self, name: str, make: Callable[[], Any], owner: Any = None) -> Any:
         """The engine object this runtime serves (or will serve) in-process as ``name``, built
         by ``make()`` the first time. An engine wrapping a user's object (a LlamaIndex vector
         store) is one per runtime, so every executor tracing that object binds its
-        retrievers on the engine that actually serves it."""
+        retrievers on the engine that actually serves it; with ``owner`` it goes when the
+        owner is collected."""
         with self._start_lock:
             engine = self._local_objects.get(name)
             if engine is None:
                 engine = self._local_objects[name] = make()
+                if owner is not None:
+                    self.drop_local_engine_with(owner, name)
             return engine
+
+    def drop_local_engine_with(self, owner: Any, name: str) -> None:
+        """Forget the in-process engine ``name`` once ``owner`` is garbage-collected: engines
+        wrapping a user's store must not keep every per-request index alive. Names derived
+        from ``id(owner)`` stay unique: the entries go while the owner is being collected,
+        before its id can be reused. An owner without weak references is kept (as before)."""
+        me = weakref.ref(self)  # the finalizer must not keep the runtime alive
+
+        def drop() -> None:  # runs on whichever thread drops the last reference: no locks
+            runtime = me()
+            if runtime is not None:
+                runtime._forget_local_engine(name)
+
+        try:
+            weakref.finalize(owner, drop)
+        except TypeError:
+            pass
+
+    def _forget_local_engine(self, name: str) -> None:
+        self._local_objects.pop(name, None)
+        pool = self._pools.pop(name, None)
+        loop = self._loop
+        if pool is not None and loop is not None and not loop.is_closed():
+            def close() -> None:  # a task kept referenced until done (the loop holds it weakly)
+                task = loop.create_task(pool.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+
+            try:  # its scheduler task stops on the loop it runs on
+                loop.call_soon_threadsafe(close)
+            except RuntimeError:  # the loop is closing: shutdown stops it anyway
+                pass
 
     def local_engines(self) -> dict[str, Any]:
         """The engine objects served in this process (``add_local_engine``, or every started
@@ -441,7 +482,7 @@ class Runtime:
                     task.cancel()
                 if starting:
                     await asyncio.wait(starting, timeout=STOP_STARTS_S)
-                await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
+                await asyncio.gather(*(p.close() for p in list(self._pools.values())), return_exceptions=True)
                 await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
 
             from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
