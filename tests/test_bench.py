@@ -103,6 +103,49 @@ def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
         assert written[name].read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_interrupted_benchmark_resumes_where_it_stopped(runtime, tmp_path, monkeypatch):
+    """Ctrl-C during the second question: the first question's runs are on disk; the resumed
+    run measures only what is missing and reports both questions under every system."""
+    from teola_plugin.bench import report
+    from teola_plugin.bench.checkpoint import Checkpoint
+    from teola_plugin.bench.runner import Bench, BenchConfig
+
+    config = BenchConfig(apps=["search_gen"], questions=2, systems=["plain-sequential", "teola-full"],
+                         poisson_apps=[], bound=False, max_tokens=8, mode="test", command="pytest resume")
+    path = tmp_path / "checkpoint.json"
+    measured: list[tuple[str, str]] = []
+    real_run_one = Bench.run_one
+
+    def run_one(self, app, query, system, record_events=False):
+        if record_events or system.name == "teola-full":
+            measured.append((query.id, system.name))
+        if len({q for q, _ in measured}) == 3:  # the warm-up question, q1, then q2: interrupt
+            raise KeyboardInterrupt
+        return real_run_one(self, app, query, system, record_events)
+
+    monkeypatch.setattr(Bench, "run_one", run_one)
+    with pytest.raises(KeyboardInterrupt):
+        Bench(config, runtime=runtime, checkpoint=Checkpoint.start(path, dict(vars(config)))).run()
+    saved = json.loads(path.read_text())
+    assert saved["current"]["questions_done"] == 1 and len(saved["current"]["runs"]) == 2
+    assert len(saved["segments"]) == 1 and "ended" in saved["segments"][0]
+
+    measured.clear()
+    monkeypatch.setattr(Bench, "run_one", real_run_one)
+    resumed = Checkpoint.resume(path)
+    results = Bench(BenchConfig(**resumed.config), runtime=runtime, checkpoint=resumed).run()
+    app = results["apps"]["search_gen"]
+    assert {s: app["systems"][s]["n"] for s in ("plain-sequential", "teola-full")} == {
+        "plain-sequential": 2, "teola-full": 2}
+    first_q = saved["current"]["runs"][0]["query"]
+    assert [r for r in app["runs"] if r["query"] == first_q] == [
+        {k: v for k, v in r.items() if k not in ("events", "timeline_ids", "t0")} for r in saved["current"]["runs"]]
+    assert len(results["segments"]) == 2 and results["command"] == "pytest resume"
+    assert json.loads(path.read_text())["finished"]
+    written = report.generate(results, tmp_path / "benchmarks", tmp_path / "benchmarks.md")
+    assert "ran in 2 segments" in written["page"].read_text()
+
+
 @pytest.mark.slow
 def test_llama_index_apps_stream_the_same_answer_and_report_the_first_token(runtime):
     """Under load the LlamaIndex apps stream (``streaming=True`` + ``aquery``), plain and on

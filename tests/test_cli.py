@@ -155,3 +155,24 @@ def test_demo_answers_with_plain_llama_index_and_teola_and_writes_pictures(tmp_p
     for name in ("graph.png", "graph_module_order.mmd", "graph_teola.mmd", "explain.txt", "timeline.png",
                  "timeline.json"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path):
+    """A run of hours saves its progress; a new run never overwrites an unfinished one by
+    accident, and a resumed run keeps the settings and the code it started with."""
+    import json
+
+    from teola_plugin.bench.checkpoint import Checkpoint
+
+    ckpt = tmp_path / "checkpoint.json"
+    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    assert proc.returncode == 2 and "no benchmark checkpoint" in proc.stderr
+    Checkpoint.start(ckpt, {"apps": ["search_gen"]}).save()  # an interrupted run
+    proc = teola("bench", "--quick", "--checkpoint", str(ckpt), "--out", str(tmp_path))
+    assert proc.returncode == 2 and "unfinished" in proc.stderr and "--fresh" in proc.stderr
+    proc = teola("bench", "--resume", "--questions", "3", "--checkpoint", str(ckpt))
+    assert proc.returncode == 2 and "'--questions'" in proc.stderr
+    data = json.loads(ckpt.read_text())
+    ckpt.write_text(json.dumps({**data, "code": "0" * 40}))
+    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    assert proc.returncode == 2 and "same code" in proc.stderr and "git worktree" in proc.stderr

@@ -21,33 +21,57 @@ def _bench(args: argparse.Namespace) -> int:
 
     from .bench import report
 
-    out, page = Path(args.out), Path(args.page)
+    out, page = Path(args.out or "docs/benchmarks"), Path(args.page or "docs/benchmarks.md")
     if args.report_only:
         results = json.loads((out / "results.json").read_text())
     else:
         from .bench.apps import APPS
+        from .bench.checkpoint import Checkpoint, CheckpointError
         from .bench.runner import Bench, BenchConfig, quick_config
 
-        overrides: dict = {"command": "teola " + shlex.join(args.argv)}
-        if args.apps:
-            unknown = sorted(set(args.apps) - set(APPS))
-            if unknown:
-                print(f"teola bench: unknown apps {unknown}; choose from {sorted(APPS)}", file=sys.stderr)
-                return 2
-            overrides["apps"] = args.apps
-        for key in ("questions", "poisson_queries", "max_tokens", "seed"):
-            if getattr(args, key) is not None:
-                overrides[key] = getattr(args, key)
-        if args.systems:
-            overrides["systems"] = args.systems
-        if args.no_ablations:
-            overrides["ablations"] = False
-        if args.no_poisson:
-            overrides["poisson_apps"] = []
-        if args.no_bound:
-            overrides["bound"] = False
-        config = quick_config(**overrides) if args.quick else BenchConfig(**overrides)
-        results = Bench(config).run()
+        try:
+            if args.resume:
+                given = [flag for flag, value in (
+                    ("--quick", args.quick), ("--apps", args.apps), ("--questions", args.questions),
+                    ("--systems", args.systems), ("--no-ablations", args.no_ablations),
+                    ("--no-poisson", args.no_poisson), ("--no-bound", args.no_bound),
+                    ("--poisson-queries", args.poisson_queries), ("--max-tokens", args.max_tokens),
+                    ("--seed", args.seed), ("--out", args.out), ("--page", args.page), ("--fresh", args.fresh))
+                    if value not in (None, False)]
+                if given:
+                    print(f"teola bench: --resume continues a run with the settings it started with; drop {given}",
+                          file=sys.stderr)
+                    return 2
+                checkpoint = Checkpoint.resume(Path(args.checkpoint))
+                config = BenchConfig(**checkpoint.config)
+                out, page = Path(checkpoint.data["out"]), Path(checkpoint.data["page"])
+            else:
+                overrides: dict = {"command": "teola " + shlex.join(args.argv)}
+                if args.apps:
+                    unknown = sorted(set(args.apps) - set(APPS))
+                    if unknown:
+                        print(f"teola bench: unknown apps {unknown}; choose from {sorted(APPS)}", file=sys.stderr)
+                        return 2
+                    overrides["apps"] = args.apps
+                for key in ("questions", "poisson_queries", "max_tokens", "seed"):
+                    if getattr(args, key) is not None:
+                        overrides[key] = getattr(args, key)
+                if args.systems:
+                    overrides["systems"] = args.systems
+                if args.no_ablations:
+                    overrides["ablations"] = False
+                if args.no_poisson:
+                    overrides["poisson_apps"] = []
+                if args.no_bound:
+                    overrides["bound"] = False
+                config = quick_config(**overrides) if args.quick else BenchConfig(**overrides)
+                config.chosen_systems()  # unknown system names fail before any engine starts
+                checkpoint = Checkpoint.start(Path(args.checkpoint), dict(vars(config)), fresh=args.fresh)
+                checkpoint.data.update(out=str(out), page=str(page))
+        except (CheckpointError, ValueError) as exc:
+            print(f"teola bench: {exc}", file=sys.stderr)
+            return 2
+        results = Bench(config, checkpoint=checkpoint).run()
     written = report.generate(results, out, page)
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
@@ -113,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosting", choices=["ray", "local"], default="ray", help="engines in Ray actors or in-process")
     p.set_defaults(fn=_demo)
 
+    from .bench.checkpoint import DEFAULT_PATH as DEFAULT_CHECKPOINT  # stdlib only: cheap to import
+
     p = sub.add_parser("bench", help="end-to-end benchmark: the paper's apps, plain frameworks vs Teola")
     p.add_argument("--quick", action="store_true", help="1 question per app, no ablations, one short Poisson sweep (~10 min on 2 cores)")
     p.add_argument("--apps", nargs="+", help="apps to run (default: all six)")
@@ -124,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poisson-queries", type=int, help="arrivals per rate and system")
     p.add_argument("--max-tokens", type=int, help="answer length limit (default 32)")
     p.add_argument("--seed", type=int, help="question sampling and arrival seed (default 0)")
-    p.add_argument("--out", default="docs/benchmarks", help="results.json and PNGs (default docs/benchmarks)")
-    p.add_argument("--page", default="docs/benchmarks.md", help="the generated page (default docs/benchmarks.md)")
+    p.add_argument("--out", help="results.json and PNGs (default docs/benchmarks)")
+    p.add_argument("--page", help="the generated page (default docs/benchmarks.md)")
     p.add_argument("--report-only", action="store_true", help="regenerate the page and plots from results.json")
+    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
+                   help=f"progress saved after every question, bound and sweep (default {DEFAULT_CHECKPOINT})")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --checkpoint, with the settings it started with")
+    p.add_argument("--fresh", action="store_true", help="start over, discarding an unfinished run's checkpoint")
     p.set_defaults(fn=_bench)
 
     from .ir.app_graphs import APPS

@@ -4,7 +4,8 @@ Per app: seeded questions; each question runs under each system (the order rotat
 question, so no system always goes first); then each question once more under teola-full
 with one primitive at a time, for its bound (``bench.bound``); then, for the Poisson apps,
 open-loop arrivals at several rates for plain-concurrent and teola-full. Failures are
-recorded with the question and system, never dropped.
+recorded with the question and system, never dropped. With a ``Checkpoint`` the progress is
+saved after every question, bound and sweep, and a resumed run skips what is done.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..runtime.runtime import Runtime, default_engine_specs
 from . import metrics
 from .apps import APPS, PLAIN_CONCURRENT, PLAIN_SEQUENTIAL, TEOLA_FULL, BenchApp, Query, System, all_systems
 from .bound import IsolatingHandlers, query_bound
+from .checkpoint import Checkpoint
 from .framework_events import EventRecorder
 
 
@@ -79,8 +81,10 @@ def log(msg: str) -> None:
 
 
 class Bench:
-    def __init__(self, config: BenchConfig, runtime: Runtime | None = None) -> None:
+    def __init__(self, config: BenchConfig, runtime: Runtime | None = None,
+                 checkpoint: Checkpoint | None = None) -> None:
         self.config = config
+        self.checkpoint = checkpoint
         self.handlers = IsolatingHandlers()
         self.owns_runtime = runtime is None
         self.runtime = runtime or Runtime(default_engine_specs(), handlers=self.handlers, timeline_queries=5000)
@@ -179,22 +183,34 @@ class Bench:
                 "throughput_qps": round(len(lat) / duration, 4), "goodput_qps": round(good / duration, 4),
                 "slo_s": round(slo_s, 3), "errors": errors}
 
-    def poisson(self, app: BenchApp, queries: list[Query], capacity_qps: float, slo_s: float) -> list[dict[str, Any]]:
-        out = []
+    def poisson(self, app: BenchApp, queries: list[Query], capacity_qps: float, slo_s: float,
+                done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """One sweep per rate and system, appended to ``done`` (sweeps already in it are skipped)."""
+        out = done if done is not None else []
         for mult in self.config.poisson_rates:
             rate = mult * capacity_qps
             for system in (PLAIN_CONCURRENT, TEOLA_FULL):
+                if any(r["rate_multiple"] == mult and r["system"] == system.name for r in out):
+                    continue
                 self.cold_prefix_cache()
                 log(f"  poisson {app.name} {system.name} at {rate:.3f} q/s ({mult}x)")
                 res = asyncio.run(self._poisson(app, queries, system, rate, self.config.poisson_queries,
                                                 self.config.seed, slo_s))
                 res["rate_multiple"] = mult
                 out.append(res)
+                self._save()
         return out
+
+    def _save(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.save()
 
     # -- one app -----------------------------------------------------------------------------
     def run_app(self, name: str) -> dict[str, Any]:
         cfg = self.config
+        # progress so far (a resumed run's, from its checkpoint): questions, bounds, sweeps done
+        state = self.checkpoint.app_state(name) if self.checkpoint else {"questions_done": 0, "runs": [],
+                                                                         "bounds": [], "poisson": []}
         app = APPS[name](self.runtime, max_tokens=cfg.max_tokens, timeout_s=cfg.timeout_s)
         all_queries = app.queries(cfg.questions + 1, seed=cfg.seed)
         log(f"{app.title}: setup")
@@ -205,10 +221,14 @@ class Bench:
         systems = cfg.chosen_systems()
         for system in (PLAIN_SEQUENTIAL, TEOLA_FULL):  # first calls pay one-time costs (tracing, caches)
             self.run_one(app, warm, system)
-        runs: list[dict[str, Any]] = []
+        runs: list[dict[str, Any]] = state["runs"]
+        first = state["questions_done"]
+        if first:
+            log(f"  resuming after question {first}/{len(queries)}")
         # disable=None: a bar on a terminal, none in CI logs (the log lines say the same)
-        with tqdm(total=len(queries) * len(systems), desc=name, unit="run", disable=None) as bar:
-            for i, q in enumerate(queries):
+        with tqdm(total=len(queries) * len(systems), initial=first * len(systems), desc=name, unit="run",
+                  disable=None) as bar:
+            for i, q in enumerate(queries[first:], start=first):
                 order = systems[i % len(systems):] + systems[: i % len(systems)]
                 for system in order:
                     r = self.run_one(app, q, system, record_events=system is PLAIN_SEQUENTIAL)
@@ -216,20 +236,28 @@ class Bench:
                     status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
                     log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
                     bar.update(1)
-        bounds = [b for q in queries if (b := self.measure_bound(app, q)) is not None] if cfg.bound else []
+                state["questions_done"] = i + 1
+                self._save()
+        bounds: list[dict[str, Any]] = state["bounds"]
+        for q in queries[len(bounds):] if cfg.bound and self.handlers is not None else ():
+            bounds.append(self.measure_bound(app, q))
+            self._save()
         result = summarize_app(app, systems, runs, bounds, setup_s)
         attach_gantt_spans(result, self.runtime)
         if name in cfg.poisson_apps and queries:
             pc = result["systems"].get("plain-concurrent", {}).get("mean_s")
             ps = result["systems"].get("plain-sequential", {}).get("p50_s")
             if pc and ps:
-                result["poisson"] = self.poisson(app, queries, 1.0 / pc, cfg.slo_factor * ps)
+                result["poisson"] = self.poisson(app, queries, 1.0 / pc, cfg.slo_factor * ps, done=state["poisson"])
                 result["poisson_summary"] = poisson_summary(result["poisson"], unloaded_s=pc)
         return result
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
+        ckpt = self.checkpoint
+        if ckpt is not None:
+            ckpt.begin_segment()
         log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
         self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
         results: dict[str, Any] = {"machine": machine(), "command": cfg.command, "mode": cfg.mode,
@@ -241,8 +269,17 @@ class Bench:
                                    "load_avg_1_5_15": {"start": [round(x, 2) for x in os.getloadavg()]}}
         try:
             for name in cfg.apps:
+                done = ckpt.finished_app(name) if ckpt is not None else None
+                if done is not None:
+                    log(f"{done['title']}: done in an earlier segment of this run")
+                    results["apps"][name] = done
+                    continue
                 results["apps"][name] = self.run_app(name)
+                if ckpt is not None:
+                    ckpt.finish_app(name, results["apps"][name])
         finally:
+            if ckpt is not None:
+                ckpt.end_segment()
             try:
                 from llama_index.core import Settings
 
@@ -253,6 +290,15 @@ class Bench:
                 self.runtime.shutdown()
         results["wall_s"] = round(time.perf_counter() - started, 1)
         results["load_avg_1_5_15"]["end"] = [round(x, 2) for x in os.getloadavg()]
+        if ckpt is not None:
+            segments = ckpt.data["segments"]
+            results["segments"] = segments
+            results["code"] = ckpt.data["code"]
+            if len(segments) > 1:  # a resumed run: its whole span, not just this process's
+                results["date"] = segments[0]["started"]
+                results["wall_s"] = round(sum(s["wall_s"] for s in segments), 1)
+                results["load_avg_1_5_15"]["start"] = [round(x, 2) for x in segments[0]["load_avg_start"]]
+            ckpt.finish()
         return results
 
 
@@ -299,7 +345,8 @@ def _gantt(ok: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The last question answered by both plain-sequential and teola-full: the plain run's
     framework events and the Teola run's timeline ids (spans are attached by the caller)."""
     plain = {r["query"]: r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name}
-    teola = {r["query"]: r for r in ok if r["system"] == TEOLA_FULL.name}
+    # runs resumed from a checkpoint have no timeline ids (an earlier process's timeline)
+    teola = {r["query"]: r for r in ok if r["system"] == TEOLA_FULL.name and "timeline_ids" in r}
     both = [q for q in plain if q in teola]
     if not both:
         return None
