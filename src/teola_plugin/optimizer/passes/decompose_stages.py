@@ -17,8 +17,8 @@ pay each engine call's fixed overhead again, so a small input stays whole (n = 1
 A split must beat the unsplit chain by ``min_gain`` (option, default 5%) of its cost, not
 by any margin: on a compute-bound profile n shards cost n times a 1/n-sized call, so the
 model's "gain" is rounding, while each extra call really pays an RPC, a scheduling turn
-and a gather the curve does not separate (measured: two 50-text shards on one CPU
-embedder made document QA 0.5 s slower than one 100-text call).
+and a gather the curve does not separate (measured on a 2-core CPU: two 50-text shards
+of a 100-passage upload made document-QA queries 0.4-1.0 s slower than one call).
 """
 
 from __future__ import annotations
