@@ -67,7 +67,8 @@ def _bench(args: argparse.Namespace) -> int:
                 config = quick_config(**overrides) if args.quick else BenchConfig(**overrides)
                 config.chosen_systems()  # unknown system names fail before any engine starts
                 checkpoint = Checkpoint.start(Path(args.checkpoint), dict(vars(config)), fresh=args.fresh)
-                checkpoint.data.update(out=str(out), page=str(page))
+                # absolute: a resume from another checkout (of the same commit) writes here too
+                checkpoint.data.update(out=str(out.resolve()), page=str(page.resolve()))
         except (CheckpointError, ValueError) as exc:
             print(f"teola bench: {exc}", file=sys.stderr)
             return 2
