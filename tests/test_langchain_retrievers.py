@@ -167,7 +167,7 @@ def test_a_store_built_per_request_is_not_kept_alive_by_the_runtime(runtime, pas
 
     from langchain_core.vectorstores import InMemoryVectorStore
 
-    def one_request() -> tuple[weakref.ref, str, list]:
+    def one_request() -> tuple[weakref.ref, str]:
         store = InMemoryVectorStore(TeolaEmbeddings(runtime=runtime))
         store.add_texts([p.text for p in passages[:6]], ids=[p.id for p in passages[:6]])
         retriever = store.as_retriever(search_kwargs={"k": 2})

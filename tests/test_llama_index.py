@@ -359,3 +359,4 @@ def test_an_index_built_per_request_is_not_kept_alive_by_the_runtime(runtime, in
     assert served.describe()["indexes"] == []  # every per-request retriever went with its request
     assert ids(executor.retrieve(index.as_retriever(similarity_top_k=2), QUESTIONS[0])) == ids(
         index.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))
+    assert len(served._retrievers) == 1  # binding forgets the collected ones (not only hides them)

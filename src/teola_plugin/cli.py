@@ -22,6 +22,10 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import report
 
     out, page = Path(args.out or "docs/benchmarks"), Path(args.page or "docs/benchmarks.md")
+    if args.report_only and (args.resume or args.fresh):
+        print("teola bench: --report-only reads results.json; it does not run (drop --resume / --fresh)",
+              file=sys.stderr)
+        return 2
     if args.report_only:
         results = json.loads((out / "results.json").read_text())
     else:
@@ -44,7 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
                     return 2
                 checkpoint = Checkpoint.resume(Path(args.checkpoint))
                 config = BenchConfig(**checkpoint.config)
-                out, page = Path(checkpoint.data["out"]), Path(checkpoint.data["page"])
+                out, page = Path(checkpoint.data.get("out", out)), Path(checkpoint.data.get("page", page))
             else:
                 overrides: dict = {"command": "teola " + shlex.join(args.argv)}
                 if args.apps:
@@ -72,6 +76,12 @@ def _bench(args: argparse.Namespace) -> int:
         except (CheckpointError, ValueError) as exc:
             print(f"teola bench: {exc}", file=sys.stderr)
             return 2
+        import signal
+
+        def stop(signum: int, frame: object) -> None:  # `kill` stops it like Ctrl-C: progress saved, engines closed
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, stop)
         results = Bench(config, checkpoint=checkpoint).run()
     written = report.generate(results, out, page)
     print("wrote " + ", ".join(str(p) for p in written.values()))

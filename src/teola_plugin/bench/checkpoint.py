@@ -12,6 +12,7 @@ commit is refused (resume from a checkout of the recorded one, e.g. a ``git work
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -28,14 +29,18 @@ class CheckpointError(RuntimeError):
 
 
 def code_version() -> str:
-    """The git commit of this checkout (``-dirty`` with uncommitted changes), else the version."""
+    """The git commit of this checkout, with ``-dirty-<hash of the diff>`` when tracked files
+    changed (so two different sets of edits never compare equal); else the package version."""
     repo = Path(__file__).resolve().parents[3]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
+        head = git("rev-parse", "HEAD").strip()
+        diff = git("diff", "HEAD")
+        return head + (f"-dirty-{hashlib.sha1(diff.encode()).hexdigest()[:12]}" if diff else "")
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import version
 
@@ -77,13 +82,14 @@ class Checkpoint:
         if data.get("finished"):
             raise CheckpointError(f"the run in {path} has finished; its results were written (start a new one)")
         here, recorded = code_version(), data["code"]
-        if here.removesuffix("-dirty") != recorded.removesuffix("-dirty"):
+        if here != recorded:
             raise CheckpointError(
                 f"the run in {path} started on code {recorded}, this checkout is {here}: every number of a run "
-                f"must come from the same code; resume from a checkout of it "
-                f"(git worktree add ../bench-run {recorded.removesuffix('-dirty')})")
-        for run in (data.get("current") or {}).get("runs", []):
-            run.pop("timeline_ids", None)  # spans of an earlier process's timeline
+                f"must come from the same code; resume from a clean checkout of that commit "
+                f"(git worktree add ../bench-run {recorded.split('-')[0]})")
+        for seg in data["segments"]:  # a process killed outright left its segment open
+            if seg.pop("open", False):
+                seg["killed"] = True  # its time runs to its last save
         return cls(path, data)
 
     @staticmethod
@@ -101,18 +107,21 @@ class Checkpoint:
     def begin_segment(self) -> None:
         self.data["segments"].append({"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                       "code": code_version(), "load_avg_start": list(os.getloadavg()),
-                                      "wall_s": 0.0})
+                                      "wall_s": 0.0, "open": True})
         self._t0 = time.perf_counter()
         self.save()
 
     def end_segment(self) -> None:
-        seg = self.data["segments"][-1]
-        seg.update(ended=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_avg_end=list(os.getloadavg()),
-                   wall_s=round(time.perf_counter() - self._t0, 1))
+        self._stamp_segment()
+        self.data["segments"][-1]["open"] = False
         self.save()
 
-    def segment(self) -> int:
-        return len(self.data["segments"]) - 1
+    def _stamp_segment(self) -> None:
+        """Every save dates the open segment, so a process killed outright leaves its time."""
+        segments = self.data["segments"]
+        if segments and segments[-1].get("open"):
+            segments[-1].update(ended=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                load_avg_end=list(os.getloadavg()), wall_s=round(time.perf_counter() - self._t0, 1))
 
     # -- apps ------------------------------------------------------------------------------------
     def finished_app(self, name: str) -> dict[str, Any] | None:
@@ -137,6 +146,7 @@ class Checkpoint:
 
     def save(self) -> None:
         """Atomically: an interruption mid-write leaves the previous state."""
+        self._stamp_segment()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, default=str))

@@ -31,8 +31,9 @@ def _segments(results: dict[str, Any]) -> list[str]:
     segments = results.get("segments") or []
     if len(segments) < 2:
         return []
-    parts = "; ".join(f"{s.get('started')} to {s.get('ended', '?')} ({s.get('wall_s')} s, load "
-                      f"{', '.join(f'{x:.1f}' for x in s.get('load_avg_start', []))})" for s in segments)
+    parts = "; ".join(f"{s.get('started')} to {s.get('ended', '?')}{' (killed; to its last save)' if s.get('killed') else ''}"
+                      f" ({s.get('wall_s')} s, load {', '.join(f'{x:.1f}' for x in s.get('load_avg_start', []))}, "
+                      f"code {str(s.get('code', '?'))[:12]})" for s in segments)
     return [f"* ran in {len(segments)} segments (interrupted, then `teola bench --resume`; each question "
             f"runs under every system back to back, so comparisons stay side by side): {parts}"]
 

@@ -124,8 +124,11 @@ class Bench:
             self.recorder.active = False
         out: dict[str, Any] = {"system": system.name, "query": query.id, "latency_s": latency, "answer": answer.text,
                                "sources": answer.sources, "em": metrics.exact_match(answer.text, query.answers),
-                               "f1": metrics.f1(answer.text, query.answers), "t0": t0_wall,
-                               "timeline_ids": [q for q in self.runtime.timeline.query_ids() if q not in before]}
+                               "f1": metrics.f1(answer.text, query.answers)}
+        if system is TEOLA_FULL:  # the Gantt's Teola side, kept with the run (a checkpoint outlives the timeline)
+            ids = [q for q in self.runtime.timeline.query_ids() if q not in before]
+            out["spans"] = [(s.node, s.engine, s.op, s.ready - t0_wall, s.start - t0_wall, s.end - t0_wall)
+                            for s in self.runtime.timeline.spans(ids)]
         if record_events:
             out["llm_s"] = self.recorder.busy_s("llm")
             out["events"] = [(i.kind, i.start - t0_wall, i.end - t0_wall) for i in self.recorder.intervals]
@@ -230,12 +233,14 @@ class Bench:
                   disable=None) as bar:
             for i, q in enumerate(queries[first:], start=first):
                 order = systems[i % len(systems):] + systems[: i % len(systems)]
+                question: list[dict[str, Any]] = []  # saved whole: a resumed run redoes a cut-off question
                 for system in order:
                     r = self.run_one(app, q, system, record_events=system is PLAIN_SEQUENTIAL)
-                    runs.append(r)
+                    question.append(r)
                     status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
                     log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
                     bar.update(1)
+                runs.extend(question)
                 state["questions_done"] = i + 1
                 self._save()
         bounds: list[dict[str, Any]] = state["bounds"]
@@ -243,7 +248,6 @@ class Bench:
             bounds.append(self.measure_bound(app, q))
             self._save()
         result = summarize_app(app, systems, runs, bounds, setup_s)
-        attach_gantt_spans(result, self.runtime)
         if name in cfg.poisson_apps and queries:
             pc = result["systems"].get("plain-concurrent", {}).get("mean_s")
             ps = result["systems"].get("plain-sequential", {}).get("p50_s")
@@ -256,10 +260,6 @@ class Bench:
         cfg = self.config
         started = time.perf_counter()
         ckpt = self.checkpoint
-        if ckpt is not None:
-            ckpt.begin_segment()
-        log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
-        self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
         results: dict[str, Any] = {"machine": machine(), "command": cfg.command, "mode": cfg.mode,
                                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                    "config": {k: v for k, v in vars(cfg).items()}, "apps": {},
@@ -268,6 +268,10 @@ class Bench:
                                    # other processes on the machine skew every number: say how busy it was
                                    "load_avg_1_5_15": {"start": [round(x, 2) for x in os.getloadavg()]}}
         try:
+            if ckpt is not None:
+                ckpt.begin_segment()
+            log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
+            self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
             for name in cfg.apps:
                 done = ckpt.finished_app(name) if ckpt is not None else None
                 if done is not None:
@@ -337,23 +341,21 @@ def summarize_app(app: BenchApp, systems: list[System], runs: list[dict[str, Any
         out["share_of_ideal"] = round((out["achieved_speedup"] - 1) / (out["ideal_speedup"] - 1), 3) \
             if out["ideal_speedup"] > 1.0 else None
     out["gantt"] = _gantt(ok)
-    out["runs"] = [{k: v for k, v in r.items() if k not in ("events", "timeline_ids", "t0")} for r in runs]
+    out["runs"] = [{k: v for k, v in r.items() if k not in ("events", "spans")} for r in runs]
     return out
 
 
 def _gantt(ok: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The last question answered by both plain-sequential and teola-full: the plain run's
-    framework events and the Teola run's timeline ids (spans are attached by the caller)."""
+    framework events and the Teola run's timeline spans (seconds from each run's start)."""
     plain = {r["query"]: r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name}
-    # runs resumed from a checkpoint have no timeline ids (an earlier process's timeline)
-    teola = {r["query"]: r for r in ok if r["system"] == TEOLA_FULL.name and "timeline_ids" in r}
+    teola = {r["query"]: r for r in ok if r["system"] == TEOLA_FULL.name}
     both = [q for q in plain if q in teola]
     if not both:
         return None
     q = both[-1]
     return {"query": q, "plain_latency_s": plain[q]["latency_s"], "teola_latency_s": teola[q]["latency_s"],
-            "plain_events": plain[q].get("events", []), "teola_timeline_ids": teola[q]["timeline_ids"],
-            "teola_t0": teola[q]["t0"]}
+            "plain_events": plain[q].get("events", []), "teola_spans": teola[q].get("spans", [])}
 
 
 def poisson_summary(rows: list[dict[str, Any]], unloaded_s: float | None = None) -> dict[str, Any]:
@@ -375,11 +377,3 @@ def poisson_summary(rows: list[dict[str, Any]], unloaded_s: float | None = None)
         out["p99_ratio"] = round(sat["p99_s"] / teola["p99_s"], 3)
     return out
 
-
-def attach_gantt_spans(app: dict[str, Any], runtime: Runtime) -> None:
-    """Replace the app's Gantt timeline ids by the spans themselves (seconds from the query's start)."""
-    g = app.get("gantt")
-    if g and "teola_timeline_ids" in g:
-        spans = runtime.timeline.spans(g.pop("teola_timeline_ids"))
-        t0 = g.pop("teola_t0")
-        g["teola_spans"] = [(s.node, s.engine, s.op, s.ready - t0, s.start - t0, s.end - t0) for s in spans]

@@ -21,6 +21,7 @@ them all; the runtime drops the engine with its store. Knows nothing about graph
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, ClassVar
 
 from ..errors import EngineInputError
@@ -38,6 +39,7 @@ class FrameworkVectorStoreEngine(Engine):
         self._store = UserObjectRef(vector_store, "LlamaIndex vector store")
         # index name -> retriever; a per-request query engine's retriever goes with it
         self._retrievers: dict[str, UserObjectRef[Any]] = {}
+        self._bind_lock = threading.Lock()  # executors trace (and bind) in several threads
         self._claims: dict[str, Any] = {}  # join id -> Claim of the run inserting those nodes
 
     @property
@@ -49,10 +51,11 @@ class FrameworkVectorStoreEngine(Engine):
         (while the retriever lives: the query's plan holds it)."""
         if retriever._vector_store is not self.vector_store:
             raise EngineInputError(f"engine {self.name!r}: the retriever searches another vector store")
-        for name in [n for n, ref in self._retrievers.items() if not ref.alive()]:
-            del self._retrievers[name]  # ids of collected retrievers may be reused
         index = f"retriever-{id(retriever):x}"
-        self._retrievers[index] = UserObjectRef(retriever, "LlamaIndex retriever")
+        with self._bind_lock:
+            for name in [n for n, ref in self._retrievers.items() if not ref.alive()]:
+                del self._retrievers[name]  # a collected retriever's id may be reused
+            self._retrievers[index] = UserObjectRef(retriever, "LlamaIndex retriever")
         return index
 
     def expect(self, join_id: str, claim: Any) -> None:
@@ -103,8 +106,9 @@ class FrameworkVectorStoreEngine(Engine):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "store": self._store.type_name, "store_alive": self._store.alive(),
-                "indexes": sorted(n for n, ref in self._retrievers.items() if ref.alive())}
+        with self._bind_lock:
+            indexes = sorted(n for n, ref in self._retrievers.items() if ref.alive())
+        return {**super().describe(), "store": self._store.type_name, "indexes": indexes}
 
     async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         """Requests ``{"index", "vectors", "k"}`` -> one ranked ``NodeWithScore`` list per vector.

@@ -30,7 +30,7 @@ class FrameworkVectorStoreEngine(Engine):
         return None  # the store is already loaded: it is the user's object
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "store": self._store.type_name, "store_alive": self._store.alive()}
+        return {**super().describe(), "store": self._store.type_name}
 
     @property
     def store(self) -> Any:

@@ -396,7 +396,8 @@ class Runtime:
                 runtime._forget_local_engine(name)
 
         try:
-            weakref.finalize(owner, drop)
+            # not at interpreter exit: shutdown (an atexit hook too) closes every pool then
+            weakref.finalize(owner, drop).atexit = False
         except TypeError:
             pass
 
@@ -418,7 +419,8 @@ class Runtime:
     def local_engines(self) -> dict[str, Any]:
         """The engine objects served in this process (``add_local_engine``, or every started
         engine with ``hosting="local"``), by name: integrations read their settings."""
-        return {name: pool.handles[0].server.engine for name, pool in self._pools.items()
+        # a copy first: a collected user object's finalizer may drop a pool on any thread
+        return {name: pool.handles[0].server.engine for name, pool in list(self._pools.items())
                 if isinstance(pool.handles[0], LocalHandle)}
 
     def cost_model(self) -> Any:
