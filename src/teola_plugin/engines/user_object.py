@@ -38,4 +38,3 @@ class UserObjectRef(Generic[T]):
             raise EngineInputError(f"the {self.what} ({self.type_name}) this engine served was garbage-collected; "
                                    "keep it (and the index or chain that uses it) referenced while querying")
         return obj
-
