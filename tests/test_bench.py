@@ -140,11 +140,33 @@ def test_an_interrupted_benchmark_resumes_where_it_stopped(runtime, tmp_path, mo
         (q, s) for q in (q1, q2) for s in ("plain-sequential", "teola-full"))
     assert [r for r in app["runs"] if r["query"] == q1] == [
         {k: v for k, v in r.items() if k not in ("events", "spans")} for r in saved["current"]["runs"]]
-    assert app["gantt"]["teola_spans"]  # kept with the run, whichever process measured it
+    assert app["gantt"]["teola_spans"]
+    assert [r["spans"] for r in saved["current"]["runs"] if r["system"] == "teola-full"][0]  # kept on disk
     assert len(results["segments"]) == 2 and results["command"] == "pytest resume"
-    assert json.loads(path.read_text())["finished"]
+    assert not json.loads(path.read_text())["finished"]  # not before its results are written
     written = report.generate(results, tmp_path / "benchmarks", tmp_path / "benchmarks.md")
     assert "ran in 2 segments" in written["page"].read_text()
+    resumed.finish()
+    assert json.loads(path.read_text())["finished"]
+
+
+def test_a_killed_segment_is_closed_at_its_last_save_when_the_run_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    from teola_plugin.bench.checkpoint import Checkpoint
+
+    path = tmp_path / "checkpoint.json"
+    ckpt = Checkpoint.start(path, {"apps": []})
+    ckpt.begin_segment("test machine")
+    ckpt.save()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    data = json.loads(path.read_text())
+    data["segments"][0]["pid"] = int(gone.stdout)  # a process killed outright: its segment still open
+    path.write_text(json.dumps(data))
+    (seg,) = Checkpoint.resume(path).data["segments"]
+    assert seg["killed"] and not seg["open"] and seg["ended"] and seg["machine"] == "test machine"
 
 
 @pytest.mark.slow

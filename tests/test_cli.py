@@ -172,7 +172,13 @@ def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path)
     assert proc.returncode == 2 and "unfinished" in proc.stderr and "--fresh" in proc.stderr
     proc = teola("bench", "--resume", "--questions", "3", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "'--questions'" in proc.stderr
+    proc = teola("bench", "--report-only", "--resume", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--report-only" in proc.stderr
     data = json.loads(ckpt.read_text())
-    ckpt.write_text(json.dumps({**data, "code": "0" * 40}))
+    live = {"started": "now", "open": True, "pid": os.getpid(), "host": __import__("socket").gethostname()}
+    ckpt.write_text(json.dumps({**data, "segments": [live]}))  # this test process stands for a running run
+    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    assert proc.returncode == 2 and "still running" in proc.stderr
+    ckpt.write_text(json.dumps({**data, "code_identity": "0" * 16}))  # other package source
     proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "same code" in proc.stderr and "git worktree" in proc.stderr

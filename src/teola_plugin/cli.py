@@ -76,14 +76,12 @@ def _bench(args: argparse.Namespace) -> int:
         except (CheckpointError, ValueError) as exc:
             print(f"teola bench: {exc}", file=sys.stderr)
             return 2
-        import signal
-
-        def stop(signum: int, frame: object) -> None:  # `kill` stops it like Ctrl-C: progress saved, engines closed
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        signal.signal(signal.SIGTERM, stop)
+        # `kill` stops a run as Ctrl-C does: Ray's SIGTERM handler exits through Python's clean-up
+        # (Bench.run's finally: progress saved, engines closed).
         results = Bench(config, checkpoint=checkpoint).run()
     written = report.generate(results, out, page)
+    if not args.report_only:
+        checkpoint.finish()  # only now: a run whose results were not written can still be resumed
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 

@@ -6,8 +6,9 @@ Poisson sweep the runner saves what it has; ``teola bench --resume`` continues w
 stopped, with the settings the run started with. Systems are compared question by
 question (each question runs under every system back to back), so a resumed run still
 compares them side by side; the page lists the segments with their dates, machine load
-and code version. Every number must come from the same code: resuming from another
-commit is refused (resume from a checkout of the recorded one, e.g. a ``git worktree``).
+and code version. Every number must come from the same code: a resume whose package source
+differs from the run's (by content hash, whatever the commit) is refused; resume from a
+checkout of the recorded commit, e.g. a ``git worktree``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -28,23 +30,41 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be started over or resumed as asked; the message says why."""
 
 
+def code_identity() -> str:
+    """A hash of the package's source files as they are on disk: what decides the numbers,
+    whatever the commit, the docs or the tests (and with or without git)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha1()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(f"{path.relative_to(package).as_posix()}\0".encode())
+        digest.update(hashlib.sha1(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
 def code_version() -> str:
-    """The git commit of this checkout, with ``-dirty-<hash of the diff>`` when tracked files
-    changed (so two different sets of edits never compare equal); else the package version."""
+    """For people: the git commit of this checkout (``+edits`` when the package source has
+    uncommitted changes), else the installed version."""
     repo = Path(__file__).resolve().parents[3]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout
-
     try:
-        head = git("rev-parse", "HEAD").strip()
-        diff = git("diff", "HEAD")
-        return head + (f"-dirty-{hashlib.sha1(diff.encode()).hexdigest()[:12]}" if diff else "")
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        edited = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--", "src"],
+                                capture_output=True, timeout=30).returncode != 0
+        return head + ("+edits" if edited else "")
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import version
 
         return f"teola_plugin {version('teola_plugin')}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 class Checkpoint:
@@ -68,8 +88,8 @@ class Checkpoint:
                     f"{path} holds an unfinished benchmark run (started {started}, "
                     f"apps done: {done or 'none'}, in progress: {(old.get('current') or {}).get('app')}); "
                     "pass --resume to continue it, or --fresh to discard it")
-        data = {"version": VERSION, "config": config, "code": code_version(), "finished": False,
-                "apps": {}, "current": None, "segments": []}
+        data = {"version": VERSION, "config": config, "code": code_version(), "code_identity": code_identity(),
+                "finished": False, "apps": {}, "current": None, "segments": []}
         return cls(path, data)
 
     @classmethod
@@ -81,15 +101,20 @@ class Checkpoint:
             raise CheckpointError(f"{path} was written by another checkpoint format ({data.get('version')})")
         if data.get("finished"):
             raise CheckpointError(f"the run in {path} has finished; its results were written (start a new one)")
-        here, recorded = code_version(), data["code"]
-        if here != recorded:
+        if code_identity() != data.get("code_identity"):
+            recorded = data.get("code", "?")
             raise CheckpointError(
-                f"the run in {path} started on code {recorded}, this checkout is {here}: every number of a run "
-                f"must come from the same code; resume from a clean checkout of that commit "
-                f"(git worktree add ../bench-run {recorded.split('-')[0]})")
-        for seg in data["segments"]:  # a process killed outright left its segment open
-            if seg.pop("open", False):
-                seg["killed"] = True  # its time runs to its last save
+                f"the run in {path} started on code {recorded}, whose package source differs from this "
+                f"checkout's ({code_version()}): every number of a run must come from the same code; resume "
+                f"from a checkout of it (git worktree add ../bench-run {recorded.removesuffix('+edits')}"
+                f"{', with the same uncommitted edits' if recorded.endswith('+edits') else ''})")
+        for seg in data["segments"]:
+            if not seg.get("open"):
+                continue
+            if seg.get("host") == socket.gethostname() and seg.get("pid") and _alive(seg["pid"]):
+                raise CheckpointError(f"the run in {path} is still running (pid {seg['pid']}); stop it first")
+            seg["open"] = False  # a process killed outright: its time runs to its last save
+            seg["killed"] = True
         return cls(path, data)
 
     @staticmethod
@@ -104,16 +129,20 @@ class Checkpoint:
         return self.data["config"]
 
     # -- segments (one per process that worked on the run) ---------------------------------------
-    def begin_segment(self) -> None:
+    def begin_segment(self, machine: str = "") -> None:
         self.data["segments"].append({"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                      "code": code_version(), "load_avg_start": list(os.getloadavg()),
+                                      "code": code_version(), "machine": machine, "host": socket.gethostname(),
+                                      "pid": os.getpid(), "load_avg_start": list(os.getloadavg()),
                                       "wall_s": 0.0, "open": True})
         self._t0 = time.perf_counter()
         self.save()
 
     def end_segment(self) -> None:
+        segments = self.data["segments"]
+        if not segments or not segments[-1].get("open"):
+            return
         self._stamp_segment()
-        self.data["segments"][-1]["open"] = False
+        segments[-1]["open"] = False
         self.save()
 
     def _stamp_segment(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,15 @@ def _segments(results: dict[str, Any]) -> list[str]:
     segments = results.get("segments") or []
     if len(segments) < 2:
         return []
-    parts = "; ".join(f"{s.get('started')} to {s.get('ended', '?')}{' (killed; to its last save)' if s.get('killed') else ''}"
-                      f" ({s.get('wall_s')} s, load {', '.join(f'{x:.1f}' for x in s.get('load_avg_start', []))}, "
-                      f"code {str(s.get('code', '?'))[:12]})" for s in segments)
+    def part(s: dict[str, Any]) -> str:
+        code = str(s.get("code", "?"))
+        other = s.get("machine") and s.get("machine") != results.get("machine")
+        return (f"{s.get('started')} to {s.get('ended', '?')}{' (killed; to its last save)' if s.get('killed') else ''}"
+                f" ({s.get('wall_s')} s, load {', '.join(f'{x:.1f}' for x in s.get('load_avg_start', []))}, "
+                f"code {code[:12]}{'+edits' if code.endswith('+edits') else ''}"
+                f"{', machine ' + s['machine'] if other else ''})")
+
+    parts = "; ".join(part(s) for s in segments)
     return [f"* ran in {len(segments)} segments (interrupted, then `teola bench --resume`; each question "
             f"runs under every system back to back, so comparisons stay side by side): {parts}"]
 
@@ -41,7 +48,9 @@ def _segments(results: dict[str, Any]) -> list[str]:
 def write_results(results: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp = path.with_suffix(".tmp")  # atomically: an interrupted write leaves the previous results
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
     return path
 
 

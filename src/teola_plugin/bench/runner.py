@@ -240,8 +240,9 @@ class Bench:
                     status = f"{r['latency_s']:.2f} s" if "latency_s" in r else f"ERROR {r['error'][:120]}"
                     log(f"  {name} q{i + 1}/{len(queries)} {system.name}: {status}")
                     bar.update(1)
-                runs.extend(question)
-                state["questions_done"] = i + 1
+                # one update: an interrupt cannot leave the runs in with the count not yet raised
+                state.update(runs=runs + question, questions_done=i + 1)
+                runs = state["runs"]
                 self._save()
         bounds: list[dict[str, Any]] = state["bounds"]
         for q in queries[len(bounds):] if cfg.bound and self.handlers is not None else ():
@@ -267,23 +268,29 @@ class Bench:
                                    "compute_groups": dict(self.runtime.cost_model().compute_groups),
                                    # other processes on the machine skew every number: say how busy it was
                                    "load_avg_1_5_15": {"start": [round(x, 2) for x in os.getloadavg()]}}
+        engines_started = False
         try:
             if ckpt is not None:
-                ckpt.begin_segment()
-            log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
-            self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
+                ckpt.begin_segment(results["machine"])
             for name in cfg.apps:
                 done = ckpt.finished_app(name) if ckpt is not None else None
                 if done is not None:
                     log(f"{done['title']}: done in an earlier segment of this run")
                     results["apps"][name] = done
                     continue
+                if not engines_started:  # not for a resumed run whose apps are all done
+                    log("starting engines (vLLM loads in ~30-60 s on a 2-core CPU)")
+                    self.runtime.run_sync(self.runtime.start_engines(), timeout=900)
+                    engines_started = True
                 results["apps"][name] = self.run_app(name)
                 if ckpt is not None:
                     ckpt.finish_app(name, results["apps"][name])
         finally:
             if ckpt is not None:
-                ckpt.end_segment()
+                try:  # a failing save must not hide the error that ended the run, nor skip shutdown
+                    ckpt.end_segment()
+                except Exception as exc:
+                    log(f"could not save the checkpoint {ckpt.path}: {type(exc).__name__}: {exc}")
             try:
                 from llama_index.core import Settings
 
@@ -298,11 +305,12 @@ class Bench:
             segments = ckpt.data["segments"]
             results["segments"] = segments
             results["code"] = ckpt.data["code"]
+            results["code_identity"] = ckpt.data.get("code_identity")
             if len(segments) > 1:  # a resumed run: its whole span, not just this process's
                 results["date"] = segments[0]["started"]
                 results["wall_s"] = round(sum(s["wall_s"] for s in segments), 1)
                 results["load_avg_1_5_15"]["start"] = [round(x, 2) for x in segments[0]["load_avg_start"]]
-            ckpt.finish()
+        # the caller marks the checkpoint finished once the results are written (Checkpoint.finish)
         return results
 
 

@@ -164,7 +164,7 @@ class Runtime:
         future = self.submit(coro)
         try:
             return future.result(timeout)
-        except (concurrent.futures.TimeoutError, KeyboardInterrupt):
+        except BaseException:  # a timeout, Ctrl-C, or SystemExit (Ray's SIGTERM handler): stop the work too
             future.cancel()
             raise
 
