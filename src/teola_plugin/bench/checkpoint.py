@@ -57,6 +57,14 @@ def code_version() -> str:
         return f"teola_plugin {version('teola_plugin')}"
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that an interruption mid-write leaves the previous file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -176,7 +184,4 @@ class Checkpoint:
     def save(self) -> None:
         """Atomically: an interruption mid-write leaves the previous state."""
         self._stamp_segment()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, default=str))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.data, default=str))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from . import plots
+from .checkpoint import write_atomically
 
 TARGET_BOUND = 1.3  # teola-full within 1.3x of the bound
 TARGET_SPEEDUP = 2.0  # vs plain-sequential on apps 2, 4, 5 where the ideal allows
@@ -46,11 +46,8 @@ def _segments(results: dict[str, Any]) -> list[str]:
 
 
 def write_results(results: dict[str, Any], out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    tmp = path.with_suffix(".tmp")  # atomically: an interrupted write leaves the previous results
-    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")  # never half a results file
     return path
 
 
