@@ -230,6 +230,14 @@ def test_pipeline_decode_streams_expanded_queries_into_retrieval():
     assert same_outputs(g, out, question="w4", docs=DOCS, index="idx")
 
 
+
+def test_pipeline_decode_leaves_a_json_list_decode_whole():
+    """A JSON list's items are known only when it closes, at the decode's end: nothing to overlap."""
+    g = advanced_rag()
+    g.set_attrs("llm_decode", parse="json_list")
+    out = optimize(g, passes=["prune", "pipeline_decode"])
+    assert not any(p.attrs.get("stream_items") or p.attrs.get("stream_from") for p in out.nodes)
+
 # -- engines sharing hardware ----------------------------------------------------------
 SHARED_CPU = CostModel.default().with_compute_groups({}, default_group="cpu:host")  # no GPU: one set of cores
 

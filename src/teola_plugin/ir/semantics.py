@@ -169,3 +169,15 @@ def parse_items(text: str, parse: str) -> list[str]:
             raise ValueError(f"expected a JSON list, got {type(items).__name__}")
         return [str(x) for x in items]
     raise ValueError(f"unknown parse mode {parse!r} (known: lines, json_list)")
+
+
+def complete_items(partial: str, parse: str) -> list[str]:
+    """The items of a decode's text so far that more text cannot change: a prefix of
+    ``parse_items`` of the whole text, whatever follows. ``lines``: the terminated lines
+    (split exactly as ``parse_items`` splits); ``json_list``: none until the text is whole."""
+    if parse != "lines":
+        return []
+    lines = partial.splitlines(keepends=True)
+    if lines and lines[-1].splitlines() == [lines[-1]]:  # the last line has no terminator yet
+        lines.pop()
+    return [line.strip() for line in lines if line.strip()]

@@ -129,16 +129,17 @@ class PrimitiveHandlers:
         state: LLMState = inputs["state"]
         state.consumed = True
         parse = prim.attrs.get("parse")
-        stream_items = bool(prim.attrs.get("stream_items")) and parse == "lines"
+        # A pipelined decode feeds its region every item, each as soon as it is complete
+        # (a line: at its line break; a JSON list's: at the end), and in order.
+        stream_items = bool(prim.attrs.get("stream_items")) and parse is not None
         text, emitted = "", 0
 
         def on_text(delta: str) -> None:
             nonlocal text, emitted
             text += delta
             ctx.emit_token(delta)
-            if stream_items:  # every completed line is an item for the pipelined chain
-                lines = text.split("\n")
-                complete = [ln.strip() for ln in lines[:-1] if ln.strip()]
+            if stream_items:
+                complete = semantics.complete_items(text, parse)
                 for item in complete[emitted:]:
                     ctx.emit_item(item)
                 emitted = len(complete)
@@ -150,7 +151,7 @@ class PrimitiveHandlers:
                 on_text(delta.text)
         items = semantics.parse_items(text, parse) if parse else []
         if stream_items:
-            for item in items[emitted:]:  # the last line has no newline after it
+            for item in items[emitted:]:  # the last line (no line break after it), a JSON list's all
                 ctx.emit_item(item)
         return {"text": text, "items": items}
 

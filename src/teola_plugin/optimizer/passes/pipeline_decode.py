@@ -2,7 +2,7 @@
 
 Query expansion asks an LLM for several queries, one per line; the framework waits for
 the whole answer, then embeds and searches them all. When a decode's ``items``
-(``attrs["parse"]`` in lines / json_list) feed a chain of splittable primitives (embed
+(``attrs["parse"] == "lines"``) feed a chain of splittable primitives (embed
 -> vector_search), the chain is elementwise in the items, so it may process them as
 they stream out. This marks the decode ``stream_items=True`` and each chain link
 ``stream_from=<decode>``, and inserts a ``concat`` aggregate that collects the streamed
@@ -25,7 +25,9 @@ from ..context import PassContext
 
 NAME = "pipeline_decode"
 DESCRIPTION = "stream decoded items into the retrieval chain that consumes them"
-PARSES = ("lines", "json_list")
+# Parse modes whose items complete one by one while decoding. A JSON list's items are only
+# known when the list closes, at the end of the decode: nothing would overlap.
+PARSES = ("lines",)
 
 
 def _plans(graph: PGraph, ctx: PassContext) -> list[tuple[str, list[str]]]:
