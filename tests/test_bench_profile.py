@@ -1,0 +1,43 @@
+"""The profile under a missed benchmark target: a query's wall time charged to what ran,
+nested steps to the innermost, overlapping ones split, nothing counted twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from teola_plugin.bench import profile, report
+
+
+def test_nested_steps_charge_the_innermost_and_the_rest_to_the_container():
+    spans = [("synthesize", 0.0, 10.0), ("prefill", 2.0, 5.0), ("decode", 5.0, 9.0)]
+    assert profile.breakdown(spans, 10.0) == {"decode": 4.0, "prefill": 3.0, "synthesize": 3.0}
+
+
+def test_overlapping_steps_split_the_overlap_and_gaps_are_idle():
+    got = profile.breakdown([("embed", 0.0, 4.0), ("search", 2.0, 6.0)], 8.0)
+    assert got == pytest.approx({"embed": 3.0, "search": 3.0, "idle": 2.0})
+    assert sum(got.values()) == pytest.approx(8.0)
+
+
+def test_identical_spans_share_and_spans_past_the_latency_are_clipped():
+    got = profile.breakdown([("a", 0.0, 2.0), ("b", 0.0, 2.0), ("c", 1.5, 9.0)], 3.0)
+    assert got == pytest.approx({"a": 0.75 + 0.5 / 3, "b": 0.75 + 0.5 / 3, "c": 0.5 / 3 + 1.0})
+    assert sum(got.values()) == pytest.approx(3.0)
+
+
+def test_describe_keeps_the_big_entries_and_sums_the_rest():
+    text = profile.describe({"embed": 3.0, "llm": 0.9, "opaque": 0.05, "idle": 0.05}, 4.0, top=2)
+    assert text == "embed 3.00 s (75%), llm 0.90 s (22%), other 0.10 s"
+
+
+def test_the_report_profiles_both_systems_of_the_gantt_question():
+    app = {"gantt": {"query": "q7", "plain_latency_s": 5.0, "teola_latency_s": 4.0,
+                     "plain_events": [["embed", 0.0, 3.5], ["synthesize", 3.5, 5.0], ["llm", 3.6, 5.0]],
+                     "teola_spans": [["ingest", "embedder", "embed", 0.0, 0.1, 3.0],
+                                     ["synth", "cpu", "opaque", 3.0, 3.0, 4.0],
+                                     ["prefill", "llm", "llm_prefill", 3.0, 3.0, 3.4],
+                                     ["decode", "llm", "llm_decode", 3.4, 3.4, 4.0]]}}
+    assert report.where_time_goes(app) == (
+        "question q7 (the Gantt's): plain-sequential 5.00 s: embed 3.50 s (70%), llm 1.40 s (28%), synthesize 0.10 s (2%); "
+        "teola-full 4.00 s: embed@embedder 2.90 s (72%), llm_decode@llm 0.60 s (15%), "
+        "llm_prefill@llm 0.40 s (10%), idle 0.10 s (2%)")
