@@ -68,6 +68,29 @@ def where_time_goes(app: dict[str, Any]) -> str:
     return f"question {g.get('query')} (the Gantt's): " + "; ".join(out)
 
 
+def fidelity_note(app: dict[str, Any]) -> str:
+    """Which systems answered which questions differently from plain-sequential."""
+    runs = [r for r in app.get("runs", []) if "answer" in r]
+    plain = {r["query"]: r["answer"] for r in runs if r["system"] == "plain-sequential"}
+    differ: dict[str, list[str]] = collections.defaultdict(list)
+    asked: collections.Counter[str] = collections.Counter()
+    for r in runs:
+        if r["system"] != "plain-sequential" and r["query"] in plain:
+            asked[r["system"]] += 1
+            if r["answer"] != plain[r["query"]]:
+                differ[r["system"]].append(r["query"])
+    if not asked:
+        return "Fidelity: no answers to compare."
+    if not differ:
+        return "Fidelity: every system's answer equals plain-sequential's on every question."
+    listed = "; ".join(f"{system} {len(qs)}/{asked[system]} ({', '.join(qs[:5])}{', ...' if len(qs) > 5 else ''})"
+                       for system, qs in differ.items())
+    return (f"Fidelity: answers that differ from plain-sequential's: {listed}; every other system and question "
+            "identical. Decoding is greedy, but the same prompt decoded in another batch composition (concurrent "
+            "requests, which plain-concurrent creates as much as Teola) can round differently and flip a token on "
+            "a near tie.")
+
+
 def targets(results: dict[str, Any]) -> list[str]:
     lines = []
     for name, app in results["apps"].items():
@@ -156,6 +179,7 @@ def render(results: dict[str, Any], pictures: dict[str, str]) -> str:
                 f"{_f(app.get('teola_over_bound'))}; ideal speedup {_f(app.get('ideal_speedup'))}x, achieved "
                 f"{_f(app.get('achieved_speedup'))}x. Share of plain-sequential latency outside the LLM: "
                 f"{_f(app.get('plain_outside_llm_share'), '{:.0%}')}.", ""]
+        out += [fidelity_note(app), ""]
         if app.get("errors"):
             out += [f"Errors ({len(app['errors'])}):", ""] + [
                 f"* {e['system']} on {e['query']}: `{e['error'][:200]}`" for e in app["errors"][:10]] + [""]

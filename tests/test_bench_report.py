@@ -1,5 +1,6 @@
-"""The profile under a missed benchmark target: a query's wall time charged to what ran,
-nested steps to the innermost, overlapping ones split, nothing counted twice."""
+"""What the benchmark page says beyond its tables, from results alone (pure logic): the
+profile under a missed target (a query's wall time charged to what ran: nested steps to
+the innermost, overlapping ones split, nothing counted twice) and the fidelity note."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ def test_the_report_profiles_both_systems_of_the_gantt_question():
         "question q7 (the Gantt's): plain-sequential 5.00 s: embed 3.50 s (70%), llm 1.40 s (28%), synthesize 0.10 s (2%); "
         "teola-full 4.00 s: embed@embedder 2.90 s (72%), llm_decode@llm 0.60 s (15%), "
         "llm_prefill@llm 0.40 s (10%), idle 0.10 s (2%)")
+
+
+def test_the_page_names_each_answer_that_differs_from_plain_sequential():
+    runs = [{"system": s, "query": q, "answer": a} for s, q, a in [
+        ("plain-sequential", "q1", "x"), ("plain-sequential", "q2", "y"),
+        ("plain-concurrent", "q1", "x"), ("plain-concurrent", "q2", "z"),
+        ("teola-full", "q1", "x"), ("teola-full", "q2", "y")]]
+    note = report.fidelity_note({"runs": runs})
+    assert "plain-concurrent 1/2 (q2)" in note and "teola-full" not in note
+    runs[-1]["answer"] = "w"
+    assert "teola-full 1/2 (q2)" in report.fidelity_note({"runs": runs})
+    same = [r for r in runs if r["system"] == "plain-sequential"] + [{"system": "teola-full", "query": "q1", "answer": "x"}]
+    assert report.fidelity_note({"runs": same}).startswith("Fidelity: every system's answer equals")
