@@ -1,6 +1,7 @@
 """What the benchmark page says beyond its tables, from results alone (pure logic): the
-profile under a missed target (a query's wall time charged to what ran: nested steps to
-the innermost, overlapping ones split, nothing counted twice) and the fidelity note."""
+profile under a missed target (a query's wall time charged to what ran: a container only
+while nothing inside it runs, overlapping steps split, nothing counted twice) and the
+fidelity note."""
 
 from __future__ import annotations
 
@@ -9,9 +10,20 @@ import pytest
 from teola_plugin.bench import profile, report
 
 
-def test_nested_steps_charge_the_innermost_and_the_rest_to_the_container():
+def test_a_container_is_charged_only_while_nothing_inside_it_runs():
     spans = [("synthesize", 0.0, 10.0), ("prefill", 2.0, 5.0), ("decode", 5.0, 9.0)]
-    assert profile.breakdown(spans, 10.0) == {"decode": 4.0, "prefill": 3.0, "synthesize": 3.0}
+    got = profile.breakdown(spans, 10.0, is_container=lambda label: label == "synthesize")
+    assert got == {"decode": 4.0, "prefill": 3.0, "synthesize": 3.0}
+
+
+def test_a_step_running_within_another_that_is_no_container_shares_its_time():
+    """A pipelined embed starts and ends while the decode runs: side by side, not inside it."""
+    got = profile.breakdown([("decode", 0.0, 4.0), ("embed", 1.0, 2.0)], 4.0)
+    assert got == {"decode": 3.5, "embed": 0.5}
+
+
+def test_no_latency_no_profile():
+    assert profile.breakdown([("a", 0.0, 1.0)], 0.0) == {} and profile.breakdown([], -1.0) == {}
 
 
 def test_overlapping_steps_split_the_overlap_and_gaps_are_idle():
@@ -53,5 +65,8 @@ def test_the_page_names_each_answer_that_differs_from_plain_sequential():
     assert "plain-concurrent 1/2 (q2)" in note and "teola-full" not in note
     runs[-1]["answer"] = "w"
     assert "teola-full 1/2 (q2)" in report.fidelity_note({"runs": runs})
-    same = [r for r in runs if r["system"] == "plain-sequential"] + [{"system": "teola-full", "query": "q1", "answer": "x"}]
-    assert report.fidelity_note({"runs": same}).startswith("Fidelity: every system's answer equals")
+    same = [r for r in runs if r["system"] == "plain-sequential"] + [
+        {"system": "teola-full", "query": "q1", "answer": "x"}, {"system": "teola-full", "query": "q2", "error": "boom"}]
+    assert report.fidelity_note({"runs": same}) == (
+        "Fidelity: every system's answer equals plain-sequential's on every question compared; "
+        "not compared (an error on either side): teola-full 1 question.")

@@ -3,36 +3,41 @@
 A timeline's spans nest (an opaque ``synthesize`` step contains the prefill and decode it
 runs) and overlap (two engines at once), so summing span lengths counts time twice. Here
 the query's wall time is cut at every span boundary, and each piece is charged to the
-innermost spans running through it (those containing no other running span), split evenly
-when several run side by side; a piece with nothing running is ``idle`` (framework code
-outside the graph, scheduling, waiting in an engine's queue). The charges add up to the
-query's latency, so they read as a profile: "embed 3.2 s of 4.4 s".
+spans running through it, split evenly, except that a *container* (a step that runs others:
+an opaque step, a framework's retrieve / synthesize call) is charged only while no span
+inside it runs. Containers are named by the caller: time alone cannot tell a step that
+contains another from one that merely runs beside it (a pipelined embed during a decode).
+A piece with nothing running is ``idle``. The charges add up to the query's latency, so
+they read as a profile: "embed 3.2 s of 4.4 s".
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 IDLE = "idle"
 
 
-def breakdown(spans: Iterable[tuple[str, float, float]], latency_s: float) -> dict[str, float]:
+def breakdown(spans: Iterable[tuple[str, float, float]], latency_s: float,
+              is_container: Callable[[str], bool] = lambda label: False) -> dict[str, float]:
     """``spans``: (label, start, end) in seconds from the query's start. Returns seconds per
     label (and ``idle``), largest first, summing to ``latency_s``."""
+    if latency_s <= 0:
+        return {}
     spans = [(label, max(0.0, start), min(end, latency_s)) for label, start, end in spans]
     spans = [s for s in spans if s[2] > s[1]]
     cuts = sorted({0.0, latency_s, *(t for _, start, end in spans for t in (start, end))})
     charged: Counter[str] = Counter()
     for a, b in zip(cuts, cuts[1:]):
         running = [s for s in spans if s[1] <= a and s[2] >= b]
-        innermost = [s for s in running
-                     if not any(o is not s and s[1] <= o[1] and o[2] <= s[2] and (o[1], o[2]) != (s[1], s[2])
-                                for o in running)]
-        if not innermost:
+        working = [s for s in running
+                   if not (is_container(s[0]) and any(o is not s and s[1] <= o[1] and o[2] <= s[2]
+                                                      and (o[1], o[2]) != (s[1], s[2]) for o in running))]
+        if not working:
             charged[IDLE] += b - a
-        for label, _, _ in innermost:
-            charged[label] += (b - a) / len(innermost)
+        for label, _, _ in working:
+            charged[label] += (b - a) / len(working)
     return dict(charged.most_common())
 
 
