@@ -70,3 +70,11 @@ def test_the_page_names_each_answer_that_differs_from_plain_sequential():
     assert report.fidelity_note({"runs": same}) == (
         "Fidelity: every system's answer equals plain-sequential's on every question compared; "
         "not compared (an error on either side): teola-full 1 question.")
+
+
+def test_the_load_target_shows_the_p99_ratio_at_every_rate_both_systems_ran():
+    rows = [{"system": s, "rate_qps": rate, "p99_s": p99} for s, rate, p99 in [
+        ("plain-concurrent", 0.1, 20.0), ("teola-full", 0.1, 10.0), ("plain-concurrent", 0.2, 30.0),
+        ("teola-full", 0.2, 20.0), ("plain-concurrent", 0.4, 50.0)]]
+    assert report.p99_ratios(rows) == "0.100 q/s 2.00x, 0.200 q/s 1.50x"
+    assert report.p99_ratios([]) == "no rate with both systems"

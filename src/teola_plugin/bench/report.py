@@ -102,6 +102,15 @@ def fidelity_note(app: dict[str, Any]) -> str:
             "flip a token on a near tie.")
 
 
+def p99_ratios(rows: list[dict[str, Any]]) -> str:
+    """plain-concurrent p99 / teola-full p99 at each rate both ran: ``0.086 q/s 1.19x, ...``."""
+    p99 = {(r["system"], r["rate_qps"]): r.get("p99_s") for r in rows}
+    rates = sorted({rate for system, rate in p99 if system == "plain-concurrent"})
+    parts = [f"{rate:.3f} q/s {p99[('plain-concurrent', rate)] / p99[('teola-full', rate)]:.2f}x" for rate in rates
+             if p99.get(("teola-full", rate)) and p99.get(("plain-concurrent", rate))]
+    return ", ".join(parts) or "no rate with both systems"
+
+
 def targets(results: dict[str, Any]) -> list[str]:
     lines = []
     for name, app in results["apps"].items():
@@ -119,8 +128,12 @@ def targets(results: dict[str, Any]) -> list[str]:
                          f"ideal allows; ideal here {_f(ideal)}x): "
                          f"{'met' if ok else ('MISSED' if allows else 'not reachable on this machine (ideal below 2x)')}.")
         if share is not None:
-            lines.append(f"* **{name}**: achieved {_f(share * 100, '{:.0f}')}% of the ideal gain "
-                         f"(target >= {TARGET_IDEAL_SHARE * 100:.0f}%): {'met' if share >= TARGET_IDEAL_SHARE else 'MISSED'}.")
+            # Counted on the gain (speedup - 1): the stricter reading, as any system gets 1 / ideal of
+            # the ideal speedup by doing nothing at all. The plain ratio is shown beside it.
+            lines.append(f"* **{name}**: achieved {ach:.2f}x of an ideal {ideal:.2f}x, {_f(share * 100, '{:.0f}')}% of "
+                         f"the ideal gain (speedup - 1; {ach / ideal:.0%} of the ideal speedup as a plain ratio) "
+                         f"(target >= {TARGET_IDEAL_SHARE * 100:.0f}%, on the gain): "
+                         f"{'met' if share >= TARGET_IDEAL_SHARE else 'MISSED'}.")
         if full is not None and (ob is None or ob > TARGET_BOUND or (share is not None and share < TARGET_IDEAL_SHARE)):
             lines.append(f"  * where the time goes: {where_time_goes(app)}.")
         ps = app.get("poisson_summary")
@@ -129,7 +142,10 @@ def targets(results: dict[str, Any]) -> list[str]:
             lines.append(f"* **{name}** under Poisson load: at {ps['saturation_rate_qps']:.3f} q/s "
                          f"({'saturating' if ps['saturated'] else 'highest rate run; plain-concurrent not yet saturated'}) "
                          f"p99 plain-concurrent {ps['plain_concurrent_p99_s']:.2f} s vs teola-full {_f(ps['teola_p99_s'])} s "
-                         f"= {ps['p99_ratio']:.2f}x (target >= {TARGET_P99}x): {'met' if ok else 'MISSED'}.")
+                         f"= {ps['p99_ratio']:.2f}x (target >= {TARGET_P99}x): {'met' if ok else 'MISSED'}. "
+                         f"Saturating = the lowest rate at which plain-concurrent's throughput falls below 80% of "
+                         f"the offered rate or its mean latency exceeds twice its unloaded one. At every rate run: "
+                         f"{p99_ratios(app.get('poisson') or [])}.")
     return lines
 
 
