@@ -74,6 +74,26 @@ def plain_prompts() -> Iterator[list[Any]]:
     yield RecordingLLM.sent
 
 
+@contextlib.contextmanager
+def dispatched_events() -> Iterator[list[str]]:
+    """The names of LlamaIndex instrumentation events emitted meanwhile."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+    class Names(BaseEventHandler):
+        seen: list[str] = []
+
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            self.seen.append(type(event).__name__)
+
+    handler, root = Names(seen=[]), get_dispatcher()
+    root.add_event_handler(handler)
+    try:
+        yield handler.seen
+    finally:
+        root.event_handlers.remove(handler)
+
+
 @pytest.fixture(scope="module")
 def llm(runtime):
     return RecordingLLM(runtime=runtime, max_tokens=MAX_TOKENS)
@@ -172,7 +192,9 @@ def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, l
     seen = set(runtime.timeline.query_ids())
 
     Settings.executor = executor
-    teola = query_engine.query(question)
+    with dispatched_events() as events:
+        teola = query_engine.query(question)
+    assert events[0] == "QueryStartEvent" and events[-1] == "QueryEndEvent"  # observability as plain
     qid = executor.last_query_id
     assert qid not in seen
     ran = {s.op for s in runtime.timeline.spans([qid])}

@@ -28,7 +28,7 @@ from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
 from ..capture.llama_index_ingest import flush_all, pending_states
-from . import ingest_hooks
+from . import ingest_hooks, instrumentation
 from .executor import TeolaExecutor
 
 _ORIGINAL = "__teola_original__"
@@ -42,13 +42,19 @@ def active_executor() -> TeolaExecutor | None:
     return executor if isinstance(executor, TeolaExecutor) else None
 
 
+def _bound(original: Any, obj: Any) -> Any:
+    """``original`` bound to ``obj`` as its method: LlamaIndex's span decorator names the span
+    after the bound instance's class (``RetrieverQueryEngine.query``), not the defining one."""
+    return original.__get__(obj, type(obj))
+
+
 def _route_sync(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def routed(self: Any, str_or_query_bundle: Any) -> Any:
         executor = active_executor()
         if executor is None:
             flush_all()  # documents acknowledged to the caller are read like plain LlamaIndex's
-            return original(self, str_or_query_bundle)
+            return _bound(original, self)(str_or_query_bundle)
         return run(executor, self, str_or_query_bundle)
 
     setattr(routed, _ORIGINAL, original)
@@ -62,7 +68,7 @@ def _route_async(original: Callable[..., Any], run: Callable[..., Any]) -> Calla
         if executor is None:
             if pending_states():
                 await asyncio.to_thread(flush_all)
-            return await original(self, str_or_query_bundle)
+            return await _bound(original, self)(str_or_query_bundle)
         return await run(executor, self, str_or_query_bundle)
 
     setattr(routed, _ORIGINAL, original)
@@ -76,7 +82,7 @@ def _route_embeddings(original: Callable[..., Any], run: Callable[..., Any]) -> 
     def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
         executor = active_executor()
         embedded = None if executor is None else run(executor, self, nodes, show_progress)
-        return original(self, nodes, show_progress) if embedded is None else embedded
+        return _bound(original, self)(nodes, show_progress) if embedded is None else embedded
 
     setattr(routed, _ORIGINAL, original)
     return routed
@@ -87,17 +93,37 @@ def _route_embeddings_async(original: Callable[..., Any], run: Callable[..., Any
     async def routed(self: Any, nodes: Any, show_progress: bool = False) -> Any:
         executor = active_executor()
         embedded = None if executor is None else await run(executor, self, nodes, show_progress)
-        return await original(self, nodes, show_progress) if embedded is None else embedded
+        return await _bound(original, self)(nodes, show_progress) if embedded is None else embedded
 
     setattr(routed, _ORIGINAL, original)
     return routed
 
 
+def _query(executor: TeolaExecutor, engine: Any, q: Any) -> Any:
+    return instrumentation.instrumented(instrumentation.query, engine, q, lambda b: executor.query(engine, b))
+
+
+async def _aquery(executor: TeolaExecutor, engine: Any, q: Any) -> Any:
+    return await instrumentation.ainstrumented(instrumentation.aquery, engine, q, lambda b: executor.aquery(engine, b))
+
+
+def _retrieve(executor: TeolaExecutor, retriever: Any, q: Any) -> Any:
+    return instrumentation.instrumented(instrumentation.retrieve, retriever, q,
+                                        lambda b: executor.retrieve(retriever, b))
+
+
+async def _aretrieve(executor: TeolaExecutor, retriever: Any, q: Any) -> Any:
+    return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, q,
+                                               lambda b: executor.aretrieve(retriever, b))
+
+
+# The executor's runs go through LlamaIndex's own instrumentation (span, query / retrieval
+# events, callback trace), as the methods they replace would.
 _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[..., Any]], ...] = (
-    (BaseQueryEngine, "query", _route_sync, TeolaExecutor.query),
-    (BaseQueryEngine, "aquery", _route_async, TeolaExecutor.aquery),
-    (BaseRetriever, "retrieve", _route_sync, TeolaExecutor.retrieve),
-    (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
+    (BaseQueryEngine, "query", _route_sync, _query),
+    (BaseQueryEngine, "aquery", _route_async, _aquery),
+    (BaseRetriever, "retrieve", _route_sync, _retrieve),
+    (BaseRetriever, "aretrieve", _route_async, _aretrieve),
     (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
     (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
 )

@@ -1,0 +1,102 @@
+"""LlamaIndex's own instrumentation around the calls the executor runs.
+
+Plain ``BaseQueryEngine.query / aquery`` and ``BaseRetriever.retrieve / aretrieve`` open a
+dispatcher span, emit ``QueryStartEvent`` / ``QueryEndEvent`` (``RetrievalStartEvent`` /
+``RetrievalEndEvent``) and the callback manager's ``query`` trace (and its ``RETRIEVE``
+event). The hooks replace those methods, so the functions here do the same around the
+executor's run, with the same dispatchers and the same span names
+(``RetrieverQueryEngine.query-<uuid>``): event, span and callback handlers (Langfuse,
+Phoenix, token counters) see a query Teola ran where they see a plain one. The steps that
+stay opaque run LlamaIndex's own code in the caller's context (context variables flow
+through the runtime loop into worker threads), so their spans nest under this one; the
+lowered primitives (embed, search, LLM prefill / decode) run on the engines and emit no
+LlamaIndex events of their own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from llama_index.core.base import base_query_engine, base_retriever
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.schema import QueryBundle
+
+# What the span-wrapped function below runs: set for the duration of one call. A context
+# variable, not an argument, so the span's recorded arguments are LlamaIndex's own.
+_RUN: contextvars.ContextVar[Callable[[QueryBundle], Any]] = contextvars.ContextVar("teola_instrumented_run")
+
+
+def _bundle(str_or_query_bundle: Any) -> QueryBundle:
+    return QueryBundle(str_or_query_bundle) if isinstance(str_or_query_bundle, str) else str_or_query_bundle
+
+
+@base_query_engine.dispatcher.span
+def query(self: Any, str_or_query_bundle: Any) -> Any:
+    base_query_engine.dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
+    with self.callback_manager.as_trace("query"):
+        bundle = _bundle(str_or_query_bundle)
+        result = _RUN.get()(bundle)
+    base_query_engine.dispatcher.event(QueryEndEvent(query=bundle, response=result))
+    return result
+
+
+@base_query_engine.dispatcher.span
+async def aquery(self: Any, str_or_query_bundle: Any) -> Any:
+    base_query_engine.dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
+    with self.callback_manager.as_trace("query"):
+        bundle = _bundle(str_or_query_bundle)
+        result = await _RUN.get()(bundle)
+    base_query_engine.dispatcher.event(QueryEndEvent(query=bundle, response=result))
+    return result
+
+
+@base_retriever.dispatcher.span
+def retrieve(self: Any, str_or_query_bundle: Any) -> Any:
+    self._check_callback_manager()
+    base_retriever.dispatcher.event(RetrievalStartEvent(str_or_query_bundle=str_or_query_bundle))
+    bundle = _bundle(str_or_query_bundle)
+    with self.callback_manager.as_trace("query"):
+        with self.callback_manager.event(CBEventType.RETRIEVE,
+                                         payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
+            nodes = _RUN.get()(bundle)
+            event.on_end(payload={EventPayload.NODES: nodes})
+    base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=str_or_query_bundle, nodes=nodes))
+    return nodes
+
+
+@base_retriever.dispatcher.span
+async def aretrieve(self: Any, str_or_query_bundle: Any) -> Any:
+    self._check_callback_manager()
+    base_retriever.dispatcher.event(RetrievalStartEvent(str_or_query_bundle=str_or_query_bundle))
+    bundle = _bundle(str_or_query_bundle)
+    with self.callback_manager.as_trace("query"):
+        with self.callback_manager.event(CBEventType.RETRIEVE,
+                                         payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
+            nodes = await _RUN.get()(bundle)
+            event.on_end(payload={EventPayload.NODES: nodes})
+    base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=str_or_query_bundle, nodes=nodes))
+    return nodes
+
+
+def instrumented(method: Any, target: Any, str_or_query_bundle: Any, run: Callable[[QueryBundle], Any]) -> Any:
+    """Call ``method`` (one of the four above) as ``target``'s own method, running ``run``
+    inside LlamaIndex's instrumentation. Bound like a method, so the span is named after
+    ``target``'s class, as plain LlamaIndex names it."""
+    token = _RUN.set(run)
+    try:
+        return method.__get__(target, type(target))(str_or_query_bundle)
+    finally:
+        _RUN.reset(token)
+
+
+async def ainstrumented(method: Any, target: Any, str_or_query_bundle: Any,
+                        run: Callable[[QueryBundle], Awaitable[Any]]) -> Any:
+    token = _RUN.set(run)
+    try:
+        return await method.__get__(target, type(target))(str_or_query_bundle)
+    finally:
+        _RUN.reset(token)
