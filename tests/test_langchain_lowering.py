@@ -42,6 +42,13 @@ def test_parser_subclasses_run_unchanged():
     assert opaque_reasons(PROMPT | llm() | Lenient()) == {"Lenient": "no lowering rule for Lenient"}
     assert opaque_reasons(PROMPT | llm() | JsonOutputParser()) == {}
 
+    class Stripped(StrOutputParser):  # StrOutputParser's rule matches subclasses: it must not skip this parse
+        def parse(self, text):
+            return text.strip()
+
+    assert "Stripped" in opaque_reasons(PROMPT | llm() | Stripped())
+    assert opaque_reasons(PROMPT | llm() | StrOutputParser()) == {}
+
 
 def test_vllm_is_mapped_only_onto_an_engine_serving_its_model_with_one_completion():
     served = {"llm": "/models/served"}

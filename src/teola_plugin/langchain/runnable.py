@@ -19,12 +19,13 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
-from langchain_core.runnables.config import get_config_list
+from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list
 from langchain_core.runnables.graph import Graph
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
+from ..capture.langchain.calls import called_async
 from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
 from ..errors import ConfigError
@@ -37,6 +38,7 @@ from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)
+MAX_BATCH_THREADS = 64  # queries of one batch() in flight at once (one waiting thread each)
 
 
 class TeolaRunnable(RunnableSerializable[Any, Any]):
@@ -135,11 +137,29 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def get_output_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
         return self.chain.get_output_schema(config)
 
+    def get_name(self, suffix: str | None = None, *, name: str | None = None) -> str:
+        """The wrapped chain's name (``RunnableSequence``...): callback runs are named as plain."""
+        return super().get_name(suffix, name=name or self.name or self.chain.get_name())
+
+    @property
+    def config_specs(self) -> list[Any]:
+        return self.chain.config_specs
+
+    def get_prompts(self, config: RunnableConfig | None = None) -> list[Any]:
+        return self.chain.get_prompts(config)
+
     # -- invoke / batch ------------------------------------------------------------------
+    # Call-time keyword arguments (``.bind(stop=...)`` on the wrapper) go to the chain's first
+    # step in plain LangChain; the plan has no place for them, so such a call runs the chain
+    # itself, unchanged.
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        if kwargs:
+            return self.chain.invoke(input, config, **kwargs)
         return self._call_with_config(self._run, input, config)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        if kwargs:
+            return await self.chain.ainvoke(input, config, **kwargs)
         return await self._acall_with_config(self._arun, input, config)
 
     def _run(self, input: Any) -> Any:
@@ -148,24 +168,45 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     async def _arun(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), self._plan(input)
-        return await runtime.run_async(plan.execute(runtime, input, timeout_s=self.timeout_s))
+        return await runtime.run_async(called_async(plan.execute(runtime, input, timeout_s=self.timeout_s)))
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
               *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
-        """All queries in flight at once (LangChain's default caps threads at a few), so the
-        engines batch across them; outputs in input order."""
+        """Up to ``MAX_BATCH_THREADS`` queries in flight at once (LangChain's default caps
+        threads at a few), so the engines batch across them; outputs in input order. A
+        ``max_concurrency`` the caller sets is LangChain's to apply, as plain."""
         if not inputs:
             return []
-        configs = [c if c.get("max_concurrency") else {**c, "max_concurrency": len(inputs)}
-                   for c in get_config_list(config, len(inputs))]
-        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+        configs = get_config_list(config, len(inputs))
+        if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
+            return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+        def one(input: Any, config: RunnableConfig) -> Any:
+            try:
+                return self.invoke(input, config)
+            except Exception as exc:
+                if return_exceptions:
+                    return exc
+                raise
+
+        # Not through the configs' max_concurrency: that would reach every nested runnable.
+        with ContextThreadPoolExecutor(max_workers=min(len(inputs), MAX_BATCH_THREADS)) as pool:
+            return list(pool.map(one, inputs, configs))
 
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        if kwargs:
+            yield from self.chain.stream(input, config, **kwargs)
+            return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks, config)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
+        if kwargs:
+            async for chunk in self.chain.astream(input, config, **kwargs):
+                yield chunk
+            return
+
         async def single() -> AsyncIterator[Any]:
             yield input
 
@@ -190,7 +231,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             pass
         runtime, plan = self.teola_runtime(), self._plan(input)
         chunk, streamed = _chunker(plan), False
-        run = lambda push: plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s)  # noqa: E731
+        run = lambda push: called_async(plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s))  # noqa: E731
         async for final, item in stream_async(runtime, run):
             if not final:
                 streamed = True

@@ -9,7 +9,6 @@ runtime computes exactly what the reference interpreter computes.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import numpy as np
 
 from ..ir import semantics
 from ..ir.node import Primitive
+from .framework_threads import in_framework_thread
 from .values import Document, IndexHandle, LLMState, as_document
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class PrimitiveHandlers:
         docs = [as_document(d, i) for i, d in enumerate(inputs["docs"])]
         splitter: Callable[[list[Document]], list[Any]] | None = prim.attrs.get("splitter")
         if splitter is not None:
-            chunks = [as_document(c, i) for i, c in enumerate(await asyncio.to_thread(splitter, docs))]
+            chunks = [as_document(c, i) for i, c in enumerate(await in_framework_thread(splitter, docs))]
         else:
             chunks = default_chunker(docs, prim.attrs.get("chunk_size", 1024), prim.attrs.get("chunk_overlap", 128))
         return {"chunks": chunks, "texts": [c.text for c in chunks]}
@@ -159,12 +159,12 @@ class PrimitiveHandlers:
         return {"out": semantics.aggregate(prim.attrs, inputs)}
 
     async def opaque(self, prim, inputs, ctx):
-        """Call the framework component unchanged. Blocking calls run in a worker thread."""
+        """Call the framework component unchanged. Blocking calls run on the framework threads."""
         fn = prim.attrs["fn"]
         if inspect.iscoroutinefunction(fn):
             result = await fn(**inputs)
         else:
-            result = await asyncio.to_thread(fn, **inputs)
+            result = await in_framework_thread(fn, **inputs)
         if isinstance(result, Expansion):
             return result  # type: ignore[return-value]
         if len(prim.outputs) == 1 and not (isinstance(result, Mapping) and set(result) == set(prim.outputs)):

@@ -33,6 +33,7 @@ from ...ir.node import Primitive, Ref
 from ...ir.ops import Op
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
+from .calls import as_the_chain_calls
 from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
@@ -211,13 +212,14 @@ class LangChainTracer:
             return self.opaque_call(runnable, value, str(why))
 
     def opaque_call(self, runnable: Any, value: Value, reason: str) -> Traced:
-        """Run ``runnable.invoke`` unchanged on the materialised input. LangChain's config
-        context (callbacks, tags) reaches it: the runtime copies the caller's context."""
+        """Run ``runnable.invoke`` (``ainvoke`` under an async call) unchanged on the
+        materialised input. LangChain's config context (callbacks, tags) reaches it: the
+        runtime copies the caller's context."""
         ref = self.materialise(value)
-        invoke = runnable.invoke
+        invoke, ainvoke = runnable.invoke, runnable.ainvoke
 
-        def call_unchanged(input: Any) -> Any:
-            return single_output(invoke(input))
+        async def call_unchanged(input: Any) -> Any:
+            return single_output(await as_the_chain_calls(invoke, ainvoke, input))
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},

@@ -11,8 +11,6 @@ passes the text on. Without callbacks both return at once. Token callbacks
 
 from __future__ import annotations
 
-import asyncio
-
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +19,7 @@ from langchain_core.messages import AIMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
 from langchain_core.runnables.config import ensure_config
 
+from ....runtime.framework_threads import in_framework_thread
 from ..protocols import LLMCallSpec
 
 
@@ -62,12 +61,12 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
                                               options=options, batch_size=1)
             return run
 
-        return await asyncio.to_thread(start)
+        return await in_framework_thread(start)
 
     async def report_end(run: Any, text: str) -> str:
         if run is not None:
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
-            await asyncio.to_thread(run.on_llm_end, LLMResult(generations=[[generation]]))
+            await in_framework_thread(run.on_llm_end, LLMResult(generations=[[generation]]))
         return text
 
     return report_start, report_end

@@ -23,6 +23,7 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableSequence
 
 from ....ir.ops import Op
+from ..calls import as_the_chain_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..protocols import LowerableLanguageModel
 from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering, single_output
@@ -93,10 +94,12 @@ def lower_compression(t: LangChainTracer, retriever: Any, value: Value) -> Value
         back = t.add(Op.OPAQUE, name="to_documents", inputs={"docs": docs, "hits": rerank.out()},
                      outputs=[OUT], origin=origin, attrs={"fn": _async(hits_to_documents), "pure": True})
         return Traced(back.out(OUT), Kind.DOCUMENTS)
-    compress = compressor.compress_documents
+    compress, acompress = compressor.compress_documents, compressor.acompress_documents
 
-    def compress_unchanged(docs: Any, query: Any) -> Any:
-        return list(compress(docs, query)) if docs else []  # as the retriever: no call on no documents
+    async def compress_unchanged(docs: Any, query: Any) -> Any:
+        if not docs:  # as the retriever: no call on no documents
+            return []
+        return list(await as_the_chain_calls(compress, acompress, docs, query))
 
     name = component_name(compressor)
     prim = t.add(Op.OPAQUE, name="compress", inputs={"docs": docs, "query": query}, outputs=[OUT],

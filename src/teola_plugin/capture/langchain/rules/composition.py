@@ -67,6 +67,8 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
 
 @lowering(StrOutputParser)
 def lower_str_parser(t: LangChainTracer, parser: StrOutputParser, value: Value) -> Value:
+    if type(parser) is not StrOutputParser:  # a subclass may parse (strip, cut) differently
+        raise CannotLower(f"{type(parser).__name__} subclasses StrOutputParser: its own parse runs")
     if isinstance(value, ChatReply):
         return value.text
     if isinstance(value, Traced) and value.kind is Kind.TEXT:

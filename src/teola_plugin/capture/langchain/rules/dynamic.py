@@ -31,6 +31,7 @@ from ....ir.graph import PGraph
 from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.handlers import Expansion
+from ..calls import as_the_chain_calls
 from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering, single_output
 from ..values import Traced, Value
 
@@ -68,11 +69,11 @@ def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Valu
     if isinstance(value, Traced) and value.lines_of and _may_stream(t, value.lines_of):
         return _lower_pipelined_each(t, each, value)
     ref, planner, bound, origin = t.materialise(value), t.planner, each.bound, component_name(each)
-    invoke = each.invoke
+    invoke, ainvoke = each.invoke, each.ainvoke
 
     async def run_each(input: Any) -> Any:
         if not _is_element_list(input):  # RunnableEach's own handling (and error) of the rest
-            return single_output(await asyncio.to_thread(invoke, input))
+            return single_output(await as_the_chain_calls(invoke, ainvoke, input))
         if not input:
             return []
         return await expand_each(planner, bound, list(input), origin)
@@ -122,7 +123,7 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
     async def run_branch(input: Any) -> Expansion:
         chosen = default
         for condition, runnable in cases:  # in order; a condition's own code decides
-            if await asyncio.to_thread(condition.invoke, input):
+            if await as_the_chain_calls(condition.invoke, condition.ainvoke, input):
                 chosen = runnable
                 break
         sub, feed = await planner.sub_plan(chosen, input)

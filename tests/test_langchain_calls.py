@@ -1,0 +1,92 @@
+"""TeolaRunnable calls what stays opaque as the plain chain calls it, and keeps LangChain's
+API: ``ainvoke`` runs a step's async code (an async-only RunnableLambda works), ``batch``
+leaves nested runnables' config alone, call-time kwargs reach the chain, the run is named
+after the chain. Chains of user functions only: a real in-process runtime with no engines
+(nothing to batch; the point is the calling convention)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tracers.context import collect_runs
+
+from teola_plugin.langchain import TeolaRunnable
+from teola_plugin.runtime.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = Runtime(engines={}, hosting="local")
+    yield rt
+    rt.shutdown()
+
+
+async def _plus_ten(x: int) -> int:
+    return x + 10
+
+
+def test_an_async_only_step_runs_under_ainvoke_and_fails_under_invoke_as_plain(runtime):
+    chain = RunnableLambda(lambda x: x + 1) | RunnableLambda(_plus_ten)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert asyncio.run(fast.ainvoke(1)) == asyncio.run(chain.ainvoke(1)) == 12
+    with pytest.raises(TypeError) as plain:
+        chain.invoke(1)
+    with pytest.raises(TypeError) as teola:
+        fast.invoke(1)
+    assert str(teola.value) == str(plain.value)
+
+    async def stream() -> list[int]:
+        return [c async for c in fast.astream(1)]
+
+    assert asyncio.run(stream()) == [12]
+
+
+def test_a_step_with_sync_and_async_code_runs_the_one_the_call_asks_for(runtime):
+    async def which_async(x: str) -> str:
+        return "async"
+
+    chain = RunnableLambda(lambda x: x) | RunnableLambda(lambda x: "sync", afunc=which_async)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert fast.invoke("q") == chain.invoke("q") == "sync"
+    assert asyncio.run(fast.ainvoke("q")) == asyncio.run(chain.ainvoke("q")) == "async"
+    assert asyncio.run(fast.abatch(["q", "r"])) == ["async", "async"]
+
+
+def test_batch_keeps_every_input_and_leaves_nested_config_alone(runtime):
+    def seen_cap(x: int, config) -> tuple[int, object]:
+        return x, config.get("max_concurrency")
+
+    def fail_on_seven(x: int) -> int:
+        if x == 7:
+            raise ValueError("seven")
+        return x
+
+    chain = RunnableLambda(fail_on_seven) | RunnableLambda(seen_cap)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    inputs = list(range(100))
+    out = fast.batch(inputs, return_exceptions=True)
+    plain = chain.batch(inputs, return_exceptions=True)
+    assert [type(o) for o in out] == [type(o) for o in plain]  # the failure at 7, in place
+    assert [o for o in out if not isinstance(o, Exception)] == [o for o in plain if not isinstance(o, Exception)]
+    assert all(cap is None for o in out if not isinstance(o, Exception) for _, cap in [o])
+    assert fast.batch([1, 2], {"max_concurrency": 1}) == [(1, 1), (2, 1)]  # the caller's own cap: LangChain's
+
+
+def test_call_time_kwargs_reach_the_chain_and_the_run_is_named_after_it(runtime):
+    chain = RunnableLambda(lambda x, offset=0: x + offset) | RunnableLambda(lambda x: x * 2)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert fast.invoke(1, offset=5) == chain.invoke(1, offset=5) == 12
+    assert fast.get_name() == chain.get_name() == "RunnableSequence"
+    with collect_runs() as runs:
+        fast.invoke(1)
+    assert [r.name for r in runs.traced_runs] == ["RunnableSequence"]  # the root run, as plain names it
+
+
+def test_blocking_framework_code_runs_on_the_framework_threads_not_the_engines_pool(runtime):
+    """The loop's default pool serves in-process engines; an opaque step waiting on one of
+    them must not hold a thread of that pool (with enough in flight, nothing would move)."""
+    chain = RunnableLambda(lambda x: x) | RunnableLambda(lambda x: threading.current_thread().name)
+    assert TeolaRunnable(chain, runtime=runtime).invoke("q").startswith("teola-framework")
