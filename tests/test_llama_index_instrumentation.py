@@ -127,3 +127,24 @@ def test_the_executor_path_is_instrumented_as_plain_llamaindex(recorded, kind):
     assert plain[2][-1] == f"{owner}.{kind}"  # plain: the same, around its own inner _query / _retrieve span
     assert teola[3] == plain[3]  # callback trace "query" (+ the RETRIEVE event with its payloads)
     assert teola[3][0] == "start_trace:query" and teola[3][-1] == "end_trace:query"
+
+
+def test_aquery_of_a_sync_stream_gives_what_plain_aquery_gives():
+    """An opaque step may stream through LlamaIndex's sync path; ``aquery`` still returns an
+    AsyncStreamingResponse with the same tokens, sources and metadata."""
+    from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+
+    from teola_plugin.llama_index.executor import as_async_streaming
+
+    sources = nodes(QueryBundle("q"))
+    sync = StreamingResponse(iter(["a", "b", "c"]), source_nodes=sources, metadata={"k": 1})
+    converted = as_async_streaming(sync)
+    assert isinstance(converted, AsyncStreamingResponse)
+    assert converted.source_nodes == sources and converted.metadata == {"k": 1}
+
+    async def read() -> list[str]:
+        return [t async for t in converted.async_response_gen()]
+
+    assert asyncio.run(read()) == ["a", "b", "c"]
+    done = StreamingResponse(None, source_nodes=sources, response_txt="abc")
+    assert asyncio.run(as_async_streaming(done).get_response()).response == "abc"

@@ -36,6 +36,7 @@ def documents(n: int) -> list[Document]:
 def test_huggingface_embedding_of_the_engine_model_is_lowered(runtime, executor):
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
+    from teola_plugin.capture.llama_index_models import embedder_engine_for
     from teola_plugin.engines.embedder import default_model_path
 
     model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
@@ -54,6 +55,11 @@ def test_huggingface_embedding_of_the_engine_model_is_lowered(runtime, executor)
     other = VectorStoreIndex.from_documents(documents(2), embed_model=instructed).as_retriever()
     (note,) = executor.traced(other).opaque
     assert note.component == "HuggingFaceEmbedding" and "query instruction" in note.reason
+    # a text instruction changes the stored vectors: the index's nodes would not match the engine's
+    for kwargs in ({"text_instruction": "passage: "}, {"model_kwargs": {"truncate_dim": 128}}):
+        model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu", **kwargs)
+        engine, why = embedder_engine_for(executor.runtime, model)
+        assert engine is None and ("text instruction" in why or "truncate_dim" in why)
 
 
 class EngineClient:

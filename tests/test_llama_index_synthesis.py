@@ -122,6 +122,27 @@ def test_streaming_accumulate_fails_as_in_llamaindex(index, llm, executor):
         query_engine.query(QUESTIONS[0])
 
 
+def test_streaming_with_an_output_parser_fails_as_in_llamaindex(runtime, index, executor):
+    from llama_index.core.types import BaseOutputParser
+
+    from teola_plugin.llama_index import TeolaLLM
+
+    class Upper(BaseOutputParser):
+        def parse(self, output: str) -> str:
+            return output.upper()
+
+        def format(self, query: str) -> str:
+            return query
+
+    parsed = TeolaLLM(runtime=runtime, max_tokens=8, output_parser=Upper())
+    query_engine = engine(index, parsed, "compact", False, streaming=True)
+    (note,) = executor.traced(query_engine).opaque
+    assert "output parser" in note.reason
+    Settings.executor = executor
+    with pytest.raises(NotImplementedError, match="Output parser is not supported for streaming"):
+        query_engine.query(QUESTIONS[0])
+
+
 def test_streaming_refine_streams_its_last_call(runtime, index, llm, executor):
     """Two nodes, two sequential refine calls: the second one (in a later expansion) streams."""
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=2, response_mode="refine", streaming=True)

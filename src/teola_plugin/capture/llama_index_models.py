@@ -47,9 +47,12 @@ def _huggingface_engine(runtime: Any, model: Any) -> tuple[str | None, str]:
     if not model_dir.is_dir() or model_dir.resolve() != engine_dir:
         return None, (f"HuggingFaceEmbedding model {model.model_name!r} is not the embedder engine's "
                       f"model ({engine_dir})")
-    prompts = getattr(getattr(model, "_model", None), "prompts", {}) or {}
-    if not model.normalize or prompts.get("query"):
-        return None, "HuggingFaceEmbedding normalizes differently or adds a query instruction"
+    st_model = getattr(model, "_model", None)
+    prompts = getattr(st_model, "prompts", {}) or {}
+    if not model.normalize or prompts.get("query") or prompts.get("text"):
+        return None, "HuggingFaceEmbedding normalizes differently or adds a query instruction or a text instruction"
+    if getattr(st_model, "truncate_dim", None) is not None:
+        return None, "HuggingFaceEmbedding truncates its vectors (truncate_dim)"
     if model.max_length != _max_seq_length(engine_dir):
         return None, f"HuggingFaceEmbedding max_length {model.max_length} differs from the engine's"
     return name, ""

@@ -129,6 +129,11 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
             raise NotLowerable(f"{what} synthesis is not lowered yet")
     if isinstance(synthesizer, Accumulate) and synthesizer._streaming:
         raise NotLowerable("Accumulate cannot stream (LlamaIndex raises ValueError; its own code runs)")
+    parsers = [getattr(requests, "output_parser", None)] + [
+        getattr(p, "output_parser", None) for p in synthesizer.get_prompts().values()]
+    if synthesizer._streaming and any(p is not None for p in parsers):
+        raise NotLowerable("streaming with an output parser (LlamaIndex raises NotImplementedError; its own "
+                           "code runs)")
     planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion, requests)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes
         tr.traced.streaming_synthesis = planner

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
+from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 
@@ -132,29 +133,34 @@ class TeolaExecutor:
         _require(query_engine, BaseQueryEngine, "query")
         bundle = _query_bundle(query)
         app, graph = self._plan(query_engine)
-        outputs = self._run_sync(app, graph, bundle)
+        query_id = _new_query_id()
+        outputs = self._run_sync(app, graph, bundle, query_id)
         if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"])
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id)
         return outputs["response"]
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
         bundle = _query_bundle(query)
         app, graph = await self._aplan(query_engine)
-        outputs = await self._run_async(app, graph, bundle)
+        query_id = _new_query_id()
+        outputs = await self._run_async(app, graph, bundle, query_id)
         if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], async_=True)
-        return outputs["response"]
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, async_=True)
+        response = outputs["response"]
+        if isinstance(response, StreamingResponse):  # an opaque step streamed through LlamaIndex's sync path
+            return as_async_streaming(response)
+        return response
 
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
         app, graph = self._plan(retriever)
-        return self._run_sync(app, graph, _query_bundle(query))["nodes"]
+        return self._run_sync(app, graph, _query_bundle(query), _new_query_id())["nodes"]
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
         app, graph = await self._aplan(retriever)
-        return (await self._run_async(app, graph, _query_bundle(query)))["nodes"]
+        return (await self._run_async(app, graph, _query_bundle(query), _new_query_id()))["nodes"]
 
     def _plan(self, target: Any) -> tuple[TracedApp, PGraph]:
         """Trace and optimize in the caller's thread (never on the runtime loop). Pending
@@ -202,15 +208,15 @@ class TeolaExecutor:
 
     # Every claim of a plan goes back when its run ends, however it ends (Claim.release is a
     # no-op after a finished run): a run_sync interrupted before _execute started included.
-    def _run_sync(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+    def _run_sync(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
-            return self.runtime.run_sync(self._execute(app, graph, query))
+            return self.runtime.run_sync(self._execute(app, graph, query, query_id))
         finally:
             _release_claims(app)
 
-    async def _run_async(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+    async def _run_async(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
-            return await self.runtime.run_async(self._execute(app, graph, query))
+            return await self.runtime.run_async(self._execute(app, graph, query, query_id))
         finally:
             _release_claims(app)
 
@@ -220,14 +226,14 @@ class TeolaExecutor:
 
     close = flush  # an executor going away leaves nothing pending
 
-    async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle) -> dict[str, Any]:
+    async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         claims = [j for j in app.ingestions if j.claim is not None]
         try:
             for name, engine in app.local_engines.items():  # the user's own stores, served in-process
                 await self.runtime.add_local_engine(name, engine)
             for j in claims:
                 j.engine.expect(j.join_id, j.claim)
-            self.last_query_id = query_id = f"li-{uuid.uuid4().hex[:12]}"
+            self.last_query_id = query_id  # the latest started (for a look at its timeline)
             return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
                                               timeout_s=self.timeout_s)
         finally:
@@ -270,7 +276,8 @@ class TeolaExecutor:
                                              timeout_s=self.timeout_s)
         return outputs["vectors"]
 
-    def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], async_: bool = False) -> Any:
+    def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], query_id: str,
+                            async_: bool = False) -> Any:
         """LlamaIndex's (Async)StreamingResponse whose tokens come from the synthesis run, which
         starts now and streams its final decode (graph output ``stream``) into a queue."""
         synth = planner.synthesizer
@@ -281,7 +288,7 @@ class TeolaExecutor:
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         future = self.runtime.submit(self.runtime.execute(
-            graph, {}, query_id=self.last_query_id, timeout_s=self.timeout_s, on_token=tokens.put,
+            graph, {}, query_id=query_id, timeout_s=self.timeout_s, on_token=tokens.put,
             token_nodes=token_nodes))
         future.add_done_callback(lambda _: tokens.put(_END))
         metadata = synth._get_metadata_for_response([n.node for n in nodes])
@@ -308,6 +315,27 @@ class TeolaExecutor:
 
 
 _END = object()
+
+
+def _new_query_id() -> str:
+    return f"li-{uuid.uuid4().hex[:12]}"
+
+
+def as_async_streaming(response: StreamingResponse) -> AsyncStreamingResponse:
+    """What ``aquery`` returns in plain LlamaIndex for a stream: the same tokens, sources and
+    metadata, each token read off a framework thread (the sync generator blocks)."""
+    def next_token(tokens: Iterator[str]) -> Any:
+        return next(tokens, _END)
+
+    async def tokens() -> AsyncIterator[str]:
+        sync_tokens = iter(response.response_gen)
+        while (token := await in_framework_thread(next_token, sync_tokens)) is not _END:
+            yield token
+
+    if response.response_gen is None:  # already read: its text
+        return AsyncStreamingResponse(None, source_nodes=response.source_nodes, metadata=response.metadata,
+                                      response_txt=response.response_txt)
+    return AsyncStreamingResponse(tokens(), source_nodes=response.source_nodes, metadata=response.metadata)
 
 
 def _flush_read_stores(app: TracedApp, joined: list[Any]) -> None:
