@@ -108,8 +108,8 @@ class PrimitiveHandlers:
         # A framework template's own code renders when the lowering kept it (prompts stay
         # byte-identical); `parts` then only describe the template to the optimizer.
         render = prim.attrs.get("render")
-        if render is not None:
-            return {"prompt": render(**inputs)}
+        if render is not None:  # framework code (its callbacks may block): off the runtime loop
+            return {"prompt": await in_framework_thread(render, **inputs)}
         prompt = semantics.render(prim.attrs["parts"], inputs)
         role = prim.attrs.get("chat_role")  # chat models: the prompt is one message
         return {"prompt": [{"role": role, "content": prompt}] if role else prompt}
