@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import queue
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
@@ -133,20 +134,21 @@ class TeolaExecutor:
         _require(query_engine, BaseQueryEngine, "query")
         bundle = _query_bundle(query)
         app, graph = self._plan(query_engine)
-        query_id = _new_query_id()
+        query_id, started = _new_query_id(), time.monotonic()
         outputs = self._run_sync(app, graph, bundle, query_id)
         if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id)
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, started)
         return outputs["response"]
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
         bundle = _query_bundle(query)
         app, graph = await self._aplan(query_engine)
-        query_id = _new_query_id()
+        query_id, started = _new_query_id(), time.monotonic()
         outputs = await self._run_async(app, graph, bundle, query_id)
         if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, async_=True)
+            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, started,
+                                            async_=True)
         response = outputs["response"]
         if isinstance(response, StreamingResponse):  # an opaque step streamed through LlamaIndex's sync path
             return as_async_streaming(response)
@@ -220,6 +222,12 @@ class TeolaExecutor:
         finally:
             _release_claims(app)
 
+    def _left(self, started: float) -> float | None:
+        """What is left of the query's ``timeout_s`` (the streamed synthesis shares its budget)."""
+        if self.timeout_s is None:
+            return None
+        return max(_MIN_LEFT_S, self.timeout_s - (time.monotonic() - started))
+
     def flush(self) -> None:
         """Store every document ingestion still pending (all indexes), now."""
         flush_all()
@@ -277,7 +285,7 @@ class TeolaExecutor:
         return outputs["vectors"]
 
     def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], query_id: str,
-                            async_: bool = False) -> Any:
+                            started: float, async_: bool = False) -> Any:
         """LlamaIndex's (Async)StreamingResponse whose tokens come from the synthesis run, which
         starts now and streams its final decode (graph output ``stream``) into a queue."""
         synth = planner.synthesizer
@@ -288,7 +296,7 @@ class TeolaExecutor:
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         future = self.runtime.submit(self.runtime.execute(
-            graph, {}, query_id=query_id, timeout_s=self.timeout_s, on_token=tokens.put,
+            graph, {}, query_id=query_id, timeout_s=self._left(started), on_token=tokens.put,
             token_nodes=token_nodes))
         future.add_done_callback(lambda _: tokens.put(_END))
         metadata = synth._get_metadata_for_response([n.node for n in nodes])
@@ -315,6 +323,7 @@ class TeolaExecutor:
 
 
 _END = object()
+_MIN_LEFT_S = 0.001  # a budget already spent still starts the run, which then times out at once
 
 
 def _new_query_id() -> str:
