@@ -23,12 +23,36 @@ from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTrace
 from .vllm_identity import engine_serving, served_models
 
 
+# What a lowered call replaces: the graph asks the engine directly, so a subclass of the
+# plugin's model that overrides one of these (and so changes what plain LlamaIndex computes)
+# keeps its own code. (The engine-call hooks ``_engine_generate`` / ``_engine_stream`` are the
+# plain path's: overriding them changes nothing the engine computes.)
+_LLM_CALLS = ("predict", "apredict", "stream", "astream", "complete", "acomplete", "stream_complete",
+              "astream_complete", "chat", "achat", "stream_chat", "astream_chat", "_completion_prompt")
+_EMBEDDING_CALLS = ("get_query_embedding", "aget_query_embedding", "_get_query_embedding", "_aget_query_embedding",
+                    "get_text_embedding", "aget_text_embedding", "_get_text_embedding", "_aget_text_embedding",
+                    "_get_text_embeddings", "_aget_text_embeddings", "get_text_embedding_batch",
+                    "aget_text_embedding_batch")
+
+
+def overridden(obj: Any, base: type, names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` ``obj``'s class defines differently from ``base``."""
+    if type(obj) is base or not isinstance(obj, base):
+        return []
+    return [n for n in names if getattr(type(obj), n, None) is not getattr(base, n, None)]
+
+
 def embedder_engine_for(runtime: Any, embed_model: Any) -> tuple[str | None, str]:
     """(engine name, "") when ``runtime``'s engine computes ``embed_model``'s vectors, else (None, why)."""
     if isinstance(embed_model, EngineBackedEmbedding):
-        if getattr(embed_model, "runtime", None) is runtime:
-            return embed_model.engine_name, ""
-        return None, f"{type(embed_model).__name__} is bound to another runtime"
+        if getattr(embed_model, "runtime", None) is not runtime:
+            return None, f"{type(embed_model).__name__} is bound to another runtime"
+        from ..llama_index.embedding import TeolaEmbedding
+
+        changed = overridden(embed_model, TeolaEmbedding, _EMBEDDING_CALLS)
+        if changed:
+            return None, f"{type(embed_model).__name__} overrides {', '.join(changed)}: its own code runs"
+        return embed_model.engine_name, ""
     if type(embed_model).__name__ == "HuggingFaceEmbedding":
         return _huggingface_engine(runtime, embed_model)
     return None, f"{type(embed_model).__name__} is not served by a Teola engine (use TeolaEmbedding)"
@@ -91,6 +115,11 @@ def engine_llm(runtime: Any, llm: Any) -> Any:
     if isinstance(llm, EngineBackedLLM) and not isinstance(llm, StructuredLLM):
         if getattr(llm, "runtime", None) is not runtime:
             raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
+        from ..llama_index.llm import TeolaLLM
+
+        changed = overridden(llm, TeolaLLM, _LLM_CALLS)
+        if changed:
+            raise NotLowerable(f"its LLM {type(llm).__name__} overrides {', '.join(changed)} (its own code runs)")
         return llm
     if type(llm).__name__ == "Vllm" and type(llm).__module__.startswith("llama_index.llms.vllm"):
         return VllmRequests.for_runtime(runtime, llm)

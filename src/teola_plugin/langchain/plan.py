@@ -92,11 +92,11 @@ class SubPlans:
                 self._plans.popitem(last=False)
         return plan
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         """Called by an expanding primitive on the runtime loop; tracing runs off the loop."""
         layout = InputLayout.of(input)
         with self._lock:
             known = self._plans.get((id(runnable), layout))
         plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
         await plan.serve_stores(self.runtime)
-        return plan.graph, plan.graph_inputs(input)
+        return plan.graph, plan.graph_inputs(input), getattr(plan.trace.output, "tokens_from", None)

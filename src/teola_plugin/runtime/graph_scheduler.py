@@ -266,7 +266,8 @@ class GraphRun:
         child = GraphRun(
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
             handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
-            token_nodes=frozenset(r.node for r in expansion.graph.outputs.values()) if streamed else frozenset(),
+            token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
+                         else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),
         )
         return await child.run()
 

@@ -33,6 +33,9 @@ class Expansion:
 
     graph: Any  # PGraph
     inputs: Mapping[str, Any]
+    # The sub-graph's nodes whose tokens are the expanding node's text when that text is what
+    # the caller streams; None: the nodes producing the sub-graph's outputs.
+    token_nodes: frozenset[str] | None = None
 
 
 def default_chunker(docs: list[Document], chunk_size: int = 1024, overlap: int = 128) -> list[Document]:

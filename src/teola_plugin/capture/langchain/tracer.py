@@ -135,8 +135,9 @@ def _node_base(name: str) -> str:
 class SubPlanner(Protocol):
     """Builds, at run time, the graph a runnable runs on one concrete input (for expansions)."""
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
-        """``(graph, graph inputs)``; the graph's output ``"output"`` is ``runnable.invoke(input)``."""
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
+        """``(graph, graph inputs, node whose tokens are the output's text or None)``; the
+        graph's output ``"output"`` is ``runnable.invoke(input)``."""
         ...
 
 
@@ -146,9 +147,9 @@ class TraceOnlyPlanner:
     def __init__(self, engine_models: Mapping[str, ServedModel | str] | None = None) -> None:
         self.engine_models = dict(engine_models or {})
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any]]:
+    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
-        return trace.graph, trace.feed(input)
+        return trace.graph, trace.feed(input), getattr(trace.output, "tokens_from", None)
 
 
 class LangChainTracer:

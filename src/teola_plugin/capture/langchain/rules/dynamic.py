@@ -51,7 +51,7 @@ async def expand_each(planner: SubPlanner, bound: Any, elements: list[Any], orig
     graph = PGraph(f"{origin}_each")
     plans = await asyncio.gather(*(planner.sub_plan(bound, x) for x in elements))
     outs = {}
-    for i, (sub, feed) in enumerate(plans):
+    for i, (sub, feed, _) in enumerate(plans):
         node = graph.add(Op.OPAQUE, name=f"element_{i}", outputs=[RESULT], origin=origin,
                          attrs={"fn": _run_sub_graph(sub, feed), "pure": True})
         outs[f"in{i}"] = node.out(RESULT)
@@ -126,8 +126,8 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
             if await as_the_chain_calls(condition.invoke, condition.ainvoke, input):
                 chosen = runnable
                 break
-        sub, feed = await planner.sub_plan(chosen, input)
-        return Expansion(sub, feed)
+        sub, feed, tokens = await planner.sub_plan(chosen, input)
+        return Expansion(sub, feed, token_nodes=frozenset({tokens}) if tokens else None)
 
     prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
                  attrs={"fn": run_branch, "expands": "the chosen branch"})

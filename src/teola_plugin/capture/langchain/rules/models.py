@@ -56,9 +56,29 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     return fmt, TOKENS_PER_VARIABLE
 
 
+# The plain path of the plugin's models, which a lowered call replaces: a subclass that
+# overrides one of these (changing what ``invoke`` computes) runs its own code. The engine
+# call itself (``_complete``) is the plain path's hook: overriding it changes nothing.
+_MODEL_CALLS = ("invoke", "ainvoke", "stream", "astream", "batch", "abatch", "generate", "agenerate",
+                "generate_prompt", "agenerate_prompt", "_generate", "_agenerate", "_stream", "_astream",
+                "_generate_all", "_convert_input")
+
+
+def _overridden_calls(model: Any) -> list[str]:
+    from ....langchain.models import TeolaChatModel, TeolaLLM
+
+    base = next((b for b in (TeolaChatModel, TeolaLLM) if isinstance(model, b)), None)
+    if base is None or type(model) is base:
+        return []
+    return [n for n in _MODEL_CALLS if getattr(type(model), n, None) is not getattr(base, n, None)]
+
+
 def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
     """The engine call ``model.invoke(..., stop=stop)`` makes; CannotLower if unknown."""
     if isinstance(model, LowerableLanguageModel):
+        changed = _overridden_calls(model)
+        if changed:
+            raise CannotLower(f"{type(model).__name__} overrides {', '.join(changed)}: its own code runs")
         spec = model.teola_call_spec()
         if stop is None:
             return spec
