@@ -20,6 +20,7 @@ from typing import Any
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
+from .overrides import overridden
 from .vllm_identity import engine_serving, served_models
 
 
@@ -33,13 +34,6 @@ _EMBEDDING_CALLS = ("get_query_embedding", "aget_query_embedding", "_get_query_e
                     "get_text_embedding", "aget_text_embedding", "_get_text_embedding", "_aget_text_embedding",
                     "_get_text_embeddings", "_aget_text_embeddings", "get_text_embedding_batch",
                     "aget_text_embedding_batch")
-
-
-def overridden(obj: Any, base: type, names: tuple[str, ...]) -> list[str]:
-    """Which of ``names`` ``obj``'s class defines differently from ``base``."""
-    if type(obj) is base or not isinstance(obj, base):
-        return []
-    return [n for n in names if getattr(type(obj), n, None) is not getattr(base, n, None)]
 
 
 def embedder_engine_for(runtime: Any, embed_model: Any) -> tuple[str | None, str]:

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableBinding
 
 from ....ir.node import Primitive
 from ....ir.ops import Op
+from ...overrides import overridden
 from ..protocols import LLMCallSpec, LowerableLanguageModel
 from ..tracer import CannotLower, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
@@ -68,9 +69,7 @@ def _overridden_calls(model: Any) -> list[str]:
     from ....langchain.models import TeolaChatModel, TeolaLLM
 
     base = next((b for b in (TeolaChatModel, TeolaLLM) if isinstance(model, b)), None)
-    if base is None or type(model) is base:
-        return []
-    return [n for n in _MODEL_CALLS if getattr(type(model), n, None) is not getattr(base, n, None)]
+    return [] if base is None else overridden(model, base, _MODEL_CALLS)
 
 
 def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
