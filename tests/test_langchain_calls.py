@@ -14,6 +14,7 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tracers.context import collect_runs
 
 from teola_plugin.langchain import TeolaRunnable
+from teola_plugin.runtime.framework_threads import FRAMEWORK_THREADS
 from teola_plugin.runtime.runtime import Runtime
 
 
@@ -90,3 +91,26 @@ def test_blocking_framework_code_runs_on_the_framework_threads_not_the_engines_p
     them must not hold a thread of that pool (with enough in flight, nothing would move)."""
     chain = RunnableLambda(lambda x: x) | RunnableLambda(lambda x: threading.current_thread().name)
     assert TeolaRunnable(chain, runtime=runtime).invoke("q").startswith("teola-framework")
+
+
+def test_async_steps_run_on_the_callers_loop(runtime):
+    async def loop_of(x):
+        return id(asyncio.get_running_loop())
+
+    fast = TeolaRunnable(RunnableLambda(lambda x: x) | RunnableLambda(loop_of), runtime=runtime)
+
+    async def call() -> tuple[int, int]:
+        return id(asyncio.get_running_loop()), await fast.ainvoke(1)
+
+    caller, step = asyncio.run(call())
+    assert step == caller  # not the runtime's loop: async code may hold the caller's loop objects
+
+
+def test_a_step_that_runs_another_teola_chain_cannot_starve_it_of_threads(runtime):
+    """More outer calls than the framework pool has threads, each waiting for an inner chain
+    whose own steps need a framework thread: the inner calls get threads of their own."""
+    inner = TeolaRunnable(RunnableLambda(lambda x: x) | RunnableLambda(lambda x: x * 2), runtime=runtime)
+    outer = TeolaRunnable(RunnableLambda(lambda x: x) | RunnableLambda(lambda x: inner.invoke(x) + 1),
+                          runtime=runtime, timeout_s=120)
+    n = FRAMEWORK_THREADS + 6
+    assert outer.batch(list(range(n))) == [2 * x + 1 for x in range(n)]

@@ -159,6 +159,7 @@ def test_branch_runs_the_branch_its_conditions_choose(runtime, llm, chat, engine
                             RunnableLambda(lambda x: "no branch for " + x["question"]))
     chain = {"question": RunnablePassthrough()} | branch
     fast = TeolaRunnable(chain, runtime=runtime)
+    answered_by_a_model = []
     for q in (QUESTIONS[1], QUESTIONS[3], QUESTIONS[2]):
         engine_prompts.clear()
         expected = chain.invoke(q)
@@ -168,9 +169,13 @@ def test_branch_runs_the_branch_its_conditions_choose(runtime, llm, chat, engine
         assert fast.invoke(q) == expected
         assert engine_prompts == plain_prompts
         assert calls == [q]  # the condition ran once, by its own code
-    chunks = list(fast.stream(QUESTIONS[1]))
-    assert "".join(chunks) == chain.invoke(QUESTIONS[1])
-    assert len(chunks) > 1  # the chosen branch's tokens stream as decoded, not the answer at once
+        if plain_prompts and len(expected) > 8:
+            answered_by_a_model.append((q, expected))
+    assert answered_by_a_model
+    for q, expected in answered_by_a_model:
+        chunks = list(fast.stream(q))
+        assert "".join(chunks) == expected
+        assert len(chunks) > 1  # the chosen branch's tokens stream as decoded, not the answer at once
     with pytest.raises(Exception) as plain:
         branch.invoke({"q": "wrong key"})
     with pytest.raises(type(plain.value)) as teola:

@@ -148,3 +148,28 @@ def test_aquery_of_a_sync_stream_gives_what_plain_aquery_gives():
     assert asyncio.run(read()) == ["a", "b", "c"]
     done = StreamingResponse(None, source_nodes=sources, response_txt="abc")
     assert asyncio.run(as_async_streaming(done).get_response()).response == "abc"
+
+
+@pytest.mark.parametrize("kind", ["query", "aquery", "retrieve", "aretrieve"])
+def test_an_unlowered_engine_run_by_the_executor_is_instrumented_once(recorded, kind):
+    """No rule lowers these objects: the executor runs each as one opaque step, inside the
+    entry point's instrumentation, and the step itself does not emit it again."""
+    from teola_plugin.llama_index import TeolaExecutor
+    from teola_plugin.runtime.runtime import Runtime
+
+    runtime = Runtime(engines={}, hosting="local")
+    try:
+        executor = TeolaExecutor(runtime=runtime)
+        is_query = "query" in kind
+        target = (Echo if is_query else Fixed)(callback_manager=CallbackManager([recorded[2]]))
+        call = getattr(executor, kind)
+        run = (lambda: asyncio.run(call(target, "what?"))) if kind.startswith("a") else (lambda: call(target, "what?"))
+        result, events, spans, callbacks = record(recorded, run)
+        plain = record(recorded, lambda: asyncio.run(getattr(target, kind)("what?")) if kind.startswith("a")
+                       else getattr(target, kind)("what?"))
+    finally:
+        runtime.shutdown()
+    assert str(result) == str(plain[0])
+    assert events == plain[1]  # one start, one end: as plain
+    assert spans.count(f"{type(target).__name__}.{kind}") == 1
+    assert callbacks == plain[3]

@@ -56,10 +56,13 @@ def test_huggingface_embedding_of_the_engine_model_is_lowered(runtime, executor)
     (note,) = executor.traced(other).opaque
     assert note.component == "HuggingFaceEmbedding" and "query instruction" in note.reason
     # a text instruction changes the stored vectors: the index's nodes would not match the engine's
-    for kwargs in ({"text_instruction": "passage: "}, {"model_kwargs": {"truncate_dim": 128}}):
-        model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu", **kwargs)
-        engine, why = embedder_engine_for(executor.runtime, model)
-        assert engine is None and ("text instruction" in why or "truncate_dim" in why)
+    passages = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu", text_instruction="passage: ")
+    engine, why = embedder_engine_for(executor.runtime, passages)
+    assert engine is None and "text instruction" in why
+    truncated = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+    truncated._model.truncate_dim = 128  # sentence-transformers' own setting (no constructor argument here)
+    engine, why = embedder_engine_for(executor.runtime, truncated)
+    assert engine is None and "truncate_dim" in why
 
 
 class EngineClient:

@@ -32,6 +32,7 @@ from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
 from .opaque_warnings import OpaqueWarnings
+from .overrides import overridden
 
 logger = logging.getLogger(__name__)  # a child of "teola_plugin"
 
@@ -223,20 +224,30 @@ class LlamaIndexTracer:
                 reason = str(exc)
         return _DECLINED, reason
 
-    def lower_query_engine(self, engine: Any) -> dict[str, Ref]:
+    def lower_query_engine(self, engine: Any, root: bool = False) -> dict[str, Ref]:
         lowered, reason = self._by_rule(QUERY_ENGINE_RULES, engine, "query engine")
         if lowered is not _DECLINED:
             return lowered
-        response = self.opaque("query_engine", engine, lambda query: engine.query(query),
-                               {"query": self.query}, reason)
+        # The executor's entry point already ran ``query``'s instrumentation around the whole
+        # run: the engine itself, unlowered, is its ``_query`` (unless it redefines ``query``).
+        from llama_index.core.base.base_query_engine import BaseQueryEngine
+
+        own = not root or overridden(engine, BaseQueryEngine, ("query",))
+        call = (lambda query: engine.query(query)) if own else (lambda query: engine._query(query))
+        response = self.opaque("query_engine", engine, call, {"query": self.query}, reason)
         return {"response": response}
 
-    def lower_retriever(self, retriever: Any) -> Ref:
+    def lower_retriever(self, retriever: Any, root: bool = False) -> Ref:
         lowered, reason = self._by_rule(RETRIEVER_RULES, retriever, "retriever")
         if lowered is not _DECLINED:
             return lowered
-        return self.opaque("retrieve", retriever, lambda query: retriever.retrieve(query),
-                           {"query": self.query}, reason)
+        from llama_index.core.base.base_retriever import BaseRetriever
+
+        if not root or overridden(retriever, BaseRetriever, ("retrieve",)):
+            call = lambda query: retriever.retrieve(query)  # noqa: E731
+        else:  # ``retrieve`` without its instrumentation (the executor's entry point ran it)
+            call = lambda query: retriever._handle_recursive_retrieval(query, retriever._retrieve(query))  # noqa: E731
+        return self.opaque("retrieve", retriever, call, {"query": self.query}, reason)
 
     def lower_postprocessor(self, postprocessor: Any, nodes: Ref) -> Ref:
         lowered, reason = self._by_rule(POSTPROCESSOR_RULES, postprocessor, "node postprocessor", nodes)
@@ -305,10 +316,10 @@ def trace(target: Any, ctx: TraceContext) -> TracedApp:
     _register_builtin_rules()
     tracer = LlamaIndexTracer(ctx, type(target).__name__)
     if isinstance(target, BaseQueryEngine):
-        for name, ref in tracer.lower_query_engine(target).items():
+        for name, ref in tracer.lower_query_engine(target, root=True).items():
             tracer.graph.output(name, ref)
     elif isinstance(target, BaseRetriever):
-        tracer.graph.output("nodes", tracer.lower_retriever(target))
+        tracer.graph.output("nodes", tracer.lower_retriever(target, root=True))
     else:
         raise TypeError(f"cannot trace {type(target).__module__}.{type(target).__qualname__}; "
                         f"supported: {SUPPORTED}")

@@ -26,8 +26,9 @@ from .vllm_identity import engine_serving, served_models
 
 # What a lowered call replaces: the graph asks the engine directly, so a subclass of the
 # plugin's model that overrides one of these (and so changes what plain LlamaIndex computes)
-# keeps its own code. (The engine-call hooks ``_engine_generate`` / ``_engine_stream`` are the
-# plain path's: overriding them changes nothing the engine computes.)
+# keeps its own code. The engine-call hooks (``_engine_generate`` / ``_engine_stream``) are
+# left out on purpose: the graph never calls them, so a subclass overriding them (the tests
+# record plain requests that way) is still lowered, and what they would change is not run.
 _LLM_CALLS = ("predict", "apredict", "stream", "astream", "complete", "acomplete", "stream_complete",
               "astream_complete", "chat", "achat", "stream_chat", "astream_chat", "_completion_prompt")
 _EMBEDDING_CALLS = ("get_query_embedding", "aget_query_embedding", "_get_query_embedding", "_aget_query_embedding",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
+from ..capture.langchain.tracer import text_tokens
 from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
 from ..optimizer import optimize
@@ -99,4 +100,4 @@ class SubPlans:
             known = self._plans.get((id(runnable), layout))
         plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
         await plan.serve_stores(self.runtime)
-        return plan.graph, plan.graph_inputs(input), getattr(plan.trace.output, "tokens_from", None)
+        return plan.graph, plan.graph_inputs(input), text_tokens(plan.trace.output)

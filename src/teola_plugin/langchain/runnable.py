@@ -11,6 +11,7 @@ Components the tracer cannot lower run unchanged inside the graph; ``explain()``
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -25,7 +26,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
-from ..capture.langchain.calls import called_async
+from ..capture.langchain.calls import calling_from
 from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
 from ..errors import ConfigError
@@ -164,11 +165,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def _run(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), self._plan(input)
-        return runtime.run_sync(plan.execute(runtime, input, timeout_s=self.timeout_s))
+        return runtime.run_sync(calling_from(None, plan.execute(runtime, input, timeout_s=self.timeout_s)))
 
     async def _arun(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), self._plan(input)
-        return await runtime.run_async(called_async(plan.execute(runtime, input, timeout_s=self.timeout_s)))
+        caller = asyncio.get_running_loop()
+        return await runtime.run_async(calling_from(caller, plan.execute(runtime, input, timeout_s=self.timeout_s)))
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
               *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
@@ -217,7 +219,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         input = _last(inputs)
         runtime, plan = self.teola_runtime(), self._plan(input)
         chunk, streamed = _chunker(plan), False
-        run = lambda push: plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s)  # noqa: E731
+        run = lambda push: calling_from(None, plan.execute(runtime, input, on_token=push,  # noqa: E731
+                                                           timeout_s=self.timeout_s))
         for final, item in stream_sync(runtime, run):
             if not final:
                 streamed = True
@@ -231,7 +234,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             pass
         runtime, plan = self.teola_runtime(), self._plan(input)
         chunk, streamed = _chunker(plan), False
-        run = lambda push: called_async(plan.execute(runtime, input, on_token=push, timeout_s=self.timeout_s))  # noqa: E731
+        caller = asyncio.get_running_loop()
+        run = lambda push: calling_from(caller, plan.execute(runtime, input, on_token=push,  # noqa: E731
+                                                             timeout_s=self.timeout_s))
         async for final, item in stream_async(runtime, run):
             if not final:
                 streamed = True

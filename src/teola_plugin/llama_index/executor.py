@@ -37,6 +37,7 @@ from ..optimizer.manager import PassManager
 from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
+from . import instrumentation
 
 
 class TeolaExecutor:
@@ -130,9 +131,33 @@ class TeolaExecutor:
         return "\n".join(lines)
 
     # -- running ---------------------------------------------------------------------------------
+    # Each entry point runs inside LlamaIndex's own instrumentation of the method it stands
+    # for (span, start / end events, callback trace: ``instrumentation.py``), as plain would.
     def query(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "query")
-        bundle = _query_bundle(query)
+        _query_bundle(query)  # a bad query fails here, before any event
+        return instrumentation.instrumented(instrumentation.query, query_engine, query,
+                                            lambda bundle: self._query(query_engine, bundle))
+
+    async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
+        _require(query_engine, BaseQueryEngine, "aquery")
+        _query_bundle(query)
+        return await instrumentation.ainstrumented(instrumentation.aquery, query_engine, query,
+                                                   lambda bundle: self._aquery(query_engine, bundle))
+
+    def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
+        _require(retriever, BaseRetriever, "retrieve")
+        _query_bundle(query)
+        return instrumentation.instrumented(instrumentation.retrieve, retriever, query,
+                                            lambda bundle: self._retrieve(retriever, bundle))
+
+    async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
+        _require(retriever, BaseRetriever, "aretrieve")
+        _query_bundle(query)
+        return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, query,
+                                                   lambda bundle: self._aretrieve(retriever, bundle))
+
+    def _query(self, query_engine: Any, bundle: QueryBundle) -> Any:
         app, graph = self._plan(query_engine)
         query_id, started = _new_query_id(), time.monotonic()
         outputs = self._run_sync(app, graph, bundle, query_id)
@@ -140,9 +165,7 @@ class TeolaExecutor:
             return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, started)
         return outputs["response"]
 
-    async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
-        _require(query_engine, BaseQueryEngine, "aquery")
-        bundle = _query_bundle(query)
+    async def _aquery(self, query_engine: Any, bundle: QueryBundle) -> Any:
         app, graph = await self._aplan(query_engine)
         query_id, started = _new_query_id(), time.monotonic()
         outputs = await self._run_async(app, graph, bundle, query_id)
@@ -154,15 +177,13 @@ class TeolaExecutor:
             return as_async_streaming(response)
         return response
 
-    def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
-        _require(retriever, BaseRetriever, "retrieve")
+    def _retrieve(self, retriever: Any, bundle: QueryBundle) -> list[Any]:
         app, graph = self._plan(retriever)
-        return self._run_sync(app, graph, _query_bundle(query), _new_query_id())["nodes"]
+        return self._run_sync(app, graph, bundle, _new_query_id())["nodes"]
 
-    async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
-        _require(retriever, BaseRetriever, "aretrieve")
+    async def _aretrieve(self, retriever: Any, bundle: QueryBundle) -> list[Any]:
         app, graph = await self._aplan(retriever)
-        return (await self._run_async(app, graph, _query_bundle(query), _new_query_id()))["nodes"]
+        return (await self._run_async(app, graph, bundle, _new_query_id()))["nodes"]
 
     def _plan(self, target: Any) -> tuple[TracedApp, PGraph]:
         """Trace and optimize in the caller's thread (never on the runtime loop). Pending

@@ -28,7 +28,7 @@ from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
 from ..capture.llama_index_ingest import flush_all, pending_states
-from . import ingest_hooks, instrumentation
+from . import ingest_hooks
 from .executor import TeolaExecutor
 
 _ORIGINAL = "__teola_original__"
@@ -99,31 +99,13 @@ def _route_embeddings_async(original: Callable[..., Any], run: Callable[..., Any
     return routed
 
 
-def _query(executor: TeolaExecutor, engine: Any, q: Any) -> Any:
-    return instrumentation.instrumented(instrumentation.query, engine, q, lambda b: executor.query(engine, b))
-
-
-async def _aquery(executor: TeolaExecutor, engine: Any, q: Any) -> Any:
-    return await instrumentation.ainstrumented(instrumentation.aquery, engine, q, lambda b: executor.aquery(engine, b))
-
-
-def _retrieve(executor: TeolaExecutor, retriever: Any, q: Any) -> Any:
-    return instrumentation.instrumented(instrumentation.retrieve, retriever, q,
-                                        lambda b: executor.retrieve(retriever, b))
-
-
-async def _aretrieve(executor: TeolaExecutor, retriever: Any, q: Any) -> Any:
-    return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, q,
-                                               lambda b: executor.aretrieve(retriever, b))
-
-
-# The executor's runs go through LlamaIndex's own instrumentation (span, query / retrieval
-# events, callback trace), as the methods they replace would.
+# The executor's entry points run inside LlamaIndex's own instrumentation (span, query /
+# retrieval events, callback trace), as the methods they replace would.
 _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[..., Any]], ...] = (
-    (BaseQueryEngine, "query", _route_sync, _query),
-    (BaseQueryEngine, "aquery", _route_async, _aquery),
-    (BaseRetriever, "retrieve", _route_sync, _retrieve),
-    (BaseRetriever, "aretrieve", _route_async, _aretrieve),
+    (BaseQueryEngine, "query", _route_sync, TeolaExecutor.query),
+    (BaseQueryEngine, "aquery", _route_async, TeolaExecutor.aquery),
+    (BaseRetriever, "retrieve", _route_sync, TeolaExecutor.retrieve),
+    (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
     (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
     (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
 )

@@ -27,7 +27,18 @@ from llama_index.core.schema import QueryBundle
 
 # What the span-wrapped function below runs: set for the duration of one call. A context
 # variable, not an argument, so the span's recorded arguments are LlamaIndex's own.
-_RUN: contextvars.ContextVar[Callable[[QueryBundle], Any]] = contextvars.ContextVar("teola_instrumented_run")
+_RUN: contextvars.ContextVar[Callable[[QueryBundle], Any] | None] = contextvars.ContextVar(
+    "teola_instrumented_run", default=None)
+
+
+def _take_run() -> Callable[[QueryBundle], Any]:
+    """The run, cleared from the context before it starts: the tasks the run creates copy the
+    context, and a long-lived one must not keep the run (the user's engine, its index) alive."""
+    run = _RUN.get()
+    if run is None:
+        raise RuntimeError("an instrumented LlamaIndex call ran outside instrumented() / ainstrumented()")
+    _RUN.set(None)
+    return run
 
 
 def _bundle(str_or_query_bundle: Any) -> QueryBundle:
@@ -39,7 +50,7 @@ def query(self: Any, str_or_query_bundle: Any) -> Any:
     base_query_engine.dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
     with self.callback_manager.as_trace("query"):
         bundle = _bundle(str_or_query_bundle)
-        result = _RUN.get()(bundle)
+        result = _take_run()(bundle)
     base_query_engine.dispatcher.event(QueryEndEvent(query=bundle, response=result))
     return result
 
@@ -49,7 +60,7 @@ async def aquery(self: Any, str_or_query_bundle: Any) -> Any:
     base_query_engine.dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
     with self.callback_manager.as_trace("query"):
         bundle = _bundle(str_or_query_bundle)
-        result = await _RUN.get()(bundle)
+        result = await _take_run()(bundle)
     base_query_engine.dispatcher.event(QueryEndEvent(query=bundle, response=result))
     return result
 
@@ -62,7 +73,7 @@ def retrieve(self: Any, str_or_query_bundle: Any) -> Any:
     with self.callback_manager.as_trace("query"):
         with self.callback_manager.event(CBEventType.RETRIEVE,
                                          payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
-            nodes = _RUN.get()(bundle)
+            nodes = _take_run()(bundle)
             event.on_end(payload={EventPayload.NODES: nodes})
     base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=str_or_query_bundle, nodes=nodes))
     return nodes
@@ -76,7 +87,7 @@ async def aretrieve(self: Any, str_or_query_bundle: Any) -> Any:
     with self.callback_manager.as_trace("query"):
         with self.callback_manager.event(CBEventType.RETRIEVE,
                                          payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
-            nodes = await _RUN.get()(bundle)
+            nodes = await _take_run()(bundle)
             event.on_end(payload={EventPayload.NODES: nodes})
     base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=str_or_query_bundle, nodes=nodes))
     return nodes

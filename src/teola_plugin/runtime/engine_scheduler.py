@@ -16,6 +16,7 @@ continuously inside itself).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
@@ -100,7 +101,10 @@ class EngineScheduler:
         loop = asyncio.get_running_loop()
         if self._dispatcher is None or self._dispatcher.done():
             self._wakeup = asyncio.Event()
-            self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"engine-scheduler:{self.name}")
+            # A fresh context: the first request's (its query's callbacks, objects) must not
+            # live on in a task that runs as long as the engine.
+            self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"engine-scheduler:{self.name}",
+                                                context=contextvars.Context())
         request = _Request(self.policy.key(priority, next(self._seq)), op, payload, loop.create_future(), time.time())
         heapq.heappush(self._queues.setdefault(op, []), request)
         assert self._wakeup is not None

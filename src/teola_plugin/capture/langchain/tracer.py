@@ -101,6 +101,12 @@ class OutputShape:
     tokens_from: str | None = None  # the llm_decode whose tokens are the output
 
 
+def text_tokens(output: OutputShape) -> str | None:
+    """The node whose tokens are ``output``'s text as str deltas (an expansion streams it as
+    its own text); None when it does not stream, or streams message chunks."""
+    return output.tokens_from if output.streams == "text" else None
+
+
 @dataclass
 class LangChainTrace:
     graph: PGraph
@@ -149,7 +155,7 @@ class TraceOnlyPlanner:
 
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
-        return trace.graph, trace.feed(input), getattr(trace.output, "tokens_from", None)
+        return trace.graph, trace.feed(input), text_tokens(trace.output)
 
 
 class LangChainTracer:

@@ -127,7 +127,7 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
                 chosen = runnable
                 break
         sub, feed, tokens = await planner.sub_plan(chosen, input)
-        return Expansion(sub, feed, token_nodes=frozenset({tokens}) if tokens else None)
+        return Expansion(sub, feed, token_nodes=frozenset({tokens}) if tokens else frozenset())  # str deltas only
 
     prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
                  attrs={"fn": run_branch, "expands": "the chosen branch"})

@@ -59,7 +59,8 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
 
 # The plain path of the plugin's models, which a lowered call replaces: a subclass that
 # overrides one of these (changing what ``invoke`` computes) runs its own code. The engine
-# call itself (``_complete``) is the plain path's hook: overriding it changes nothing.
+# call hooks (``_complete``, ``_producer``) are left out: the graph never calls them, so
+# what an override of them would change is not run.
 _MODEL_CALLS = ("invoke", "ainvoke", "stream", "astream", "batch", "abatch", "generate", "agenerate",
                 "generate_prompt", "agenerate_prompt", "_generate", "_agenerate", "_stream", "_astream",
                 "_generate_all", "_convert_input")
