@@ -3,8 +3,8 @@
 Plain ``BaseQueryEngine.query / aquery`` and ``BaseRetriever.retrieve / aretrieve`` open a
 dispatcher span, emit ``QueryStartEvent`` / ``QueryEndEvent`` (``RetrievalStartEvent`` /
 ``RetrievalEndEvent``) and the callback manager's ``query`` trace (and its ``RETRIEVE``
-event). The hooks replace those methods, so the functions here do the same around the
-executor's run, with the same dispatchers and the same span names
+event). The hooks replace those methods with the executor's entry points, which run
+inside the functions here: the same instrumentation, with the same dispatchers and span names
 (``RetrieverQueryEngine.query-<uuid>``): event, span and callback handlers (Langfuse,
 Phoenix, token counters) see a query Teola ran where they see a plain one. The steps that
 stay opaque run LlamaIndex's own code in the caller's context (context variables flow
