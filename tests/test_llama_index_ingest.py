@@ -15,7 +15,7 @@ from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.node_parser import SentenceSplitter
 
 from teola_plugin import datasets
-from teola_plugin.capture.llama_index_ingest import Claim, PendingIngestion
+from teola_plugin.llama_index.pending_ingestion import Claim, PendingIngestion
 from teola_plugin.llama_index import TeolaEmbedding, TeolaExecutor, TeolaLLM
 from tests.test_llama_index import QUESTIONS, executor, ids, plain_settings  # noqa: F401
 
@@ -211,7 +211,7 @@ def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pe
 
     from llama_index.core.schema import TextNode
 
-    from teola_plugin.capture import llama_index_ingest as ingest
+    from teola_plugin.llama_index import pending_ingestion as ingest
 
     stored: list[list[str]] = []
     monkeypatch.setattr(ingest, "_ADD_NODES", lambda index, struct, nodes, **kw: stored.append(
@@ -266,7 +266,7 @@ def test_the_store_engine_routes_each_insert_to_the_claim_its_join_names(monkeyp
     store; an unknown join id is an input error naming it."""
     import asyncio
 
-    from teola_plugin.capture import llama_index_ingest as ingest
+    from teola_plugin.llama_index import pending_ingestion as ingest
     from teola_plugin.engines.llama_index_store import FrameworkVectorStoreEngine
     from teola_plugin.errors import EngineInputError
 
@@ -324,7 +324,7 @@ def test_concurrent_queries_each_insert_their_own_pending_nodes_once(runtime, ex
     from llama_index.core.retrievers import QueryFusionRetriever
     from llama_index.core.vector_stores import SimpleVectorStore
 
-    from teola_plugin.capture import llama_index_ingest as ingest
+    from teola_plugin.llama_index import pending_ingestion as ingest
 
     llm = TeolaLLM(runtime=runtime, max_tokens=8)
 

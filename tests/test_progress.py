@@ -15,7 +15,7 @@ from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.node_parser import SentenceSplitter
 
 from teola_plugin import datasets
-from teola_plugin.capture.llama_index_ingest import PendingIngestion
+from teola_plugin.llama_index.pending_ingestion import PendingIngestion
 from teola_plugin.capture.llama_index_progress import DESCRIPTION, NodeProgress
 from teola_plugin.llama_index import TeolaEmbedding, TeolaExecutor, TeolaLLM
 from tests.test_llama_index import QUESTIONS, executor, ids, plain_settings  # noqa: F401
@@ -71,7 +71,7 @@ def test_a_claims_bar_advances_per_shard_and_closes_when_all_are_stored(monkeypa
 
     from llama_index.core.schema import TextNode
 
-    from teola_plugin.capture import llama_index_ingest as ingest
+    from teola_plugin.llama_index import pending_ingestion as ingest
 
     monkeypatch.setattr(ingest, "_ADD_NODES", lambda index, struct, nodes, **kw: None)
     state = PendingIngestion(SimpleNamespace(_index_struct=None, __dict__={}))

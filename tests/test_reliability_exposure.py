@@ -1,15 +1,16 @@
 """Exposure: what the embedded Ray runtime opens, and that nothing loads code or pickles
 from an untrusted path.
 
-Measured (docs/reliability.md): Ray's gRPC servers (GCS, raylet, object manager, workers)
-listen on every interface whatever the node address, so the embedded runtime turns on
-Ray's token authentication with a fresh per-process token (unless ``RAY_AUTH_MODE`` is
-set): a process without the token cannot join. The dashboard and the Ray Client server
-are not started.
+Closed by default: every process of the embedded runtime (the driver's core worker, GCS,
+raylet, workers and engine actors with their vLLM processes, the runtime-env agent, the
+autoscaler's metrics server) listens on loopback only, and Ray's token authentication is on
+with a fresh per-process token (unless ``RAY_AUTH_MODE`` is set): a local process without
+the token cannot join. The dashboard and the Ray Client server are not started.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import subprocess
@@ -25,8 +26,9 @@ PROBE = textwrap.dedent("""
     import psutil
     for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
         os.environ.pop(k, None)  # as a user who set nothing
-    from teola_plugin.runtime.runtime import Runtime
-    rt = Runtime({}).start()
+    from teola_plugin.runtime.runtime import Runtime, default_engine_specs
+    rt = Runtime({"embedder": default_engine_specs()["embedder"]}).start()
+    rt.run_sync(rt.start_engines("embedder"), timeout=300)  # an engine actor listens too
     import ray
     gcs = ray.get_runtime_context().gcs_address
     me = psutil.Process()
@@ -41,15 +43,21 @@ PROBE = textwrap.dedent("""
         r = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('JOINED')"],
                            env={**env, **extra}, capture_output=True, text=True, timeout=240)
         joins[name] = "JOINED" in r.stdout
-    print(json.dumps({"mode": os.environ["RAY_AUTH_MODE"], "token_len": len(os.environ.get("RAY_AUTH_TOKEN", "")),
+    print(json.dumps({"cluster_env": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"),
+                      "mode": os.environ["RAY_AUTH_MODE"], "token_len": len(os.environ.get("RAY_AUTH_TOKEN", "")),
                       "node_ip": ray.nodes()[0]["NodeManagerAddress"], "listening": listening, "joins": joins,
                       "token_file": os.path.exists(os.path.expanduser("~/.ray/auth_token"))}))
     rt.shutdown()
 """)
 
 
+def beyond_loopback(listening) -> list:
+    return [(ip, port) for ip, port in listening if not ipaddress.ip_address(ip).is_loopback
+            and not (ip.startswith("::ffff:") and ipaddress.ip_address(ip[7:]).is_loopback)]
+
+
 @pytest.mark.slow
-def test_embedded_ray_requires_a_token_and_opens_no_dashboard_or_client_port():
+def test_embedded_ray_listens_on_loopback_only_requires_a_token_and_opens_no_dashboard_or_client_port():
     import json
 
     had_token_file = os.path.exists(os.path.expanduser("~/.ray/auth_token"))
@@ -62,7 +70,24 @@ def test_embedded_ray_requires_a_token_and_opens_no_dashboard_or_client_port():
     assert report["joins"] == {"no token": False, "wrong token": False, "the token": True}
     ports = {port for _, port in report["listening"]}
     assert 8265 not in ports and 10001 not in ports  # no dashboard, no Ray Client server
+    # GCS, raylet, driver, workers, the engine actor, runtime-env agent, metrics: all of them
+    assert len(report["listening"]) >= 6 and beyond_loopback(report["listening"]) == []
+    assert report["node_ip"] == "127.0.0.1"
+    assert report["cluster_env"] is None  # the start-up switch is not left in the user's environment
     assert report["token_file"] == had_token_file  # the token lives in memory, not on disk
+
+
+@pytest.mark.slow
+def test_the_test_sessions_runtime_with_every_engine_listens_on_loopback_only(runtime):
+    """The session's runtime: vLLM (its engine processes too), embedder, stores, reranker."""
+    import psutil
+
+    me = psutil.Process()
+    mine = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
+                        if c.status == "LISTEN" and c.pid in mine})
+    assert len(listening) >= 6, listening  # Ray's servers, the driver and the engine actors
+    assert beyond_loopback(listening) == []
 
 
 RISKY = re.compile(r"\b(pickle\.loads?|cloudpickle\.loads?|torch\.load|joblib\.load|dill\.loads?|marshal\.loads|"

@@ -95,7 +95,7 @@ class ComponentNote:
 
     node: str
     component: str
-    kind: str  # "opaque" or "expands"
+    kind: str  # "opaque", "expands" or "ingestion" (how an index stored its documents)
     reason: str
 
     def __str__(self) -> str:
@@ -112,6 +112,8 @@ class TraceContext:
     prepare_expansion: Callable[[PGraph], PGraph] = lambda graph: graph
     # Join an index's pending ingestion into the graph of a query on it (defer_ingestion).
     join_ingestion: bool = False
+    # index -> its pending ingestion state or None (llama_index/pending_ingestion.py).
+    pending_of: Callable[[Any], Any] | None = None
 
 
 @dataclass

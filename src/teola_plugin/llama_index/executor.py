@@ -7,15 +7,18 @@
 Each call traces the object as it is now (so a changed ``similarity_top_k`` is honoured),
 optimizes the graph and runs it as one query; the result is the framework's own type
 (``Response`` with ``source_nodes``, or a ``NodeWithScore`` list). With the executor
-installed, building a ``VectorStoreIndex`` (``from_documents`` / ``insert``) defers its nodes
-into the next query's graph (``capture/llama_index_ingest.py``; :meth:`TeolaExecutor.flush`
-stores them now), or with ``defer_ingestion=False`` embeds them through the executor at call
-time (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler logic lives here.
+installed, building a ``VectorStoreIndex`` (``from_documents`` / ``insert``) over LlamaIndex's
+in-memory stores defers its nodes into the next query's graph (``pending_ingestion.py``;
+:meth:`TeolaExecutor.flush` stores them now); over any other store (``ingestion_policy.py``),
+or with ``defer_ingestion=False``, the nodes are embedded through the executor and stored
+before the call returns (:meth:`TeolaExecutor.embed_index_nodes`). No optimizer or scheduler
+logic lives here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import queue
 import time
@@ -28,8 +31,8 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.schema import QueryBundle
 
-from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, trace
-from ..capture.llama_index_ingest import embedding_graph, flush_all, pending_states
+from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, framework_passthrough, trace
+from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.cost import CostModel, check_cost_model
@@ -38,6 +41,7 @@ from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from . import instrumentation
+from .pending_ingestion import IDLE_FLUSH_S, PendingIngestion, flush_all, pending_states
 
 
 class TeolaExecutor:
@@ -53,9 +57,14 @@ class TeolaExecutor:
             engines instead of an embedded one. It connects here, so a wrong address fails
             at construction with ``ConfigError``.
         defer_ingestion: ``True`` (default): ``VectorStoreIndex.from_documents`` / ``insert``
-            record their nodes and the next query on the index embeds and inserts them in its
-            own graph (every other read path flushes first; :meth:`flush` does it now).
-            ``False``: they embed through Teola at call time and return when stored.
+            into LlamaIndex's in-memory stores record their nodes and the next query on the
+            index embeds and inserts them in its own graph (every other read path flushes
+            first; :meth:`flush` does it now). A durable or shared store (persistent Chroma,
+            a server, a database docstore) is always written before the call returns, as in
+            plain LlamaIndex. ``False``: every index embeds through Teola at call time and
+            returns when stored. ``explain()`` says which path an index took.
+        idle_flush_s: deferred nodes nobody claimed for this long are stored in the
+            background (``None``: only queries, reads and ``persist()`` store them).
         cost_model: the optimizer's :class:`CostModel` (e.g. from a measured profile file);
             ``None`` = the runtime's (``Runtime.cost_model()``: default profiles and which
             engines share hardware, so a CPU-only machine is not planned as a GPU cluster).
@@ -64,7 +73,7 @@ class TeolaExecutor:
     def __init__(self, runtime: Runtime | None = None, *, passes: Sequence[str] | None = None,
                  disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None,
                  ray_address: str | None = None, defer_ingestion: bool = True,
-                 cost_model: CostModel | None = None) -> None:
+                 idle_flush_s: float | None = IDLE_FLUSH_S, cost_model: CostModel | None = None) -> None:
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         if ray_address is not None:
@@ -80,6 +89,7 @@ class TeolaExecutor:
         self.timeout_s = check_timeout(timeout_s)  # 0, NaN, inf, a string: ConfigError now, not mid-query
         self._runtime = runtime
         self.defer_ingestion = bool(defer_ingestion)
+        self.idle_flush_s = check_timeout(idle_flush_s, name="idle_flush_s")
         self._context: TraceContext | None = None
         self.last_query_id: str | None = None  # for the runtime timeline of the latest run
 
@@ -95,7 +105,8 @@ class TeolaExecutor:
     # -- tracing ---------------------------------------------------------------------------------
     def _trace_context(self) -> TraceContext:
         if self._context is None:
-            self._context = TraceContext(self.runtime, prepare_expansion=self._prepare)
+            self._context = TraceContext(self.runtime, prepare_expansion=self._prepare,
+                                         pending_of=PendingIngestion.of)
         self._context.join_ingestion = self.defer_ingestion
         return self._context
 
@@ -126,6 +137,10 @@ class TeolaExecutor:
         if expanding:
             lines.append("Data-dependent steps (sub-graph built at run time, optimized the same way):")
             lines += [f"  - {note}" for note in expanding]
+        ingestion = [n for n in app.notes if n.kind == "ingestion"]
+        if ingestion:
+            lines.append("Document ingestion (how each index searched here stored its documents):")
+            lines += [f"  - {note}" for note in ingestion]
         lines += ["", graph.explain() if self.optimize else "Optimizer: off (graph runs as traced)",
                   "", "```mermaid", graph.to_mermaid(), "```"]
         return "\n".join(lines)
@@ -133,31 +148,37 @@ class TeolaExecutor:
     # -- running ---------------------------------------------------------------------------------
     # Each entry point runs inside LlamaIndex's own instrumentation of the method it stands
     # for (span, start / end events, callback trace: ``instrumentation.py``), as plain would.
+    # A query that is neither a str nor a QueryBundle meets LlamaIndex's own checks (the start
+    # event's validation, then ``query_bundle.query_str``) and, past them, LlamaIndex's own
+    # ``_query`` / ``_retrieve``: the caller gets plain's exception, with Teola's note.
     def query(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "query")
-        _query_bundle(query)  # a bad query fails here, before any event
-        return instrumentation.instrumented(instrumentation.query, query_engine, query,
-                                            lambda bundle: self._query(query_engine, bundle))
+        with _noted_if_not_text(query):
+            return instrumentation.instrumented(instrumentation.query, query_engine, query,
+                                                lambda bundle: self._query(query_engine, bundle))
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
-        _query_bundle(query)
-        return await instrumentation.ainstrumented(instrumentation.aquery, query_engine, query,
-                                                   lambda bundle: self._aquery(query_engine, bundle))
+        with _noted_if_not_text(query):
+            return await instrumentation.ainstrumented(instrumentation.aquery, query_engine, query,
+                                                       lambda bundle: self._aquery(query_engine, bundle))
 
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
-        _query_bundle(query)
-        return instrumentation.instrumented(instrumentation.retrieve, retriever, query,
-                                            lambda bundle: self._retrieve(retriever, bundle))
+        with _noted_if_not_text(query):
+            return instrumentation.instrumented(instrumentation.retrieve, retriever, query,
+                                                lambda bundle: self._retrieve(retriever, bundle))
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
-        _query_bundle(query)
-        return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, query,
-                                                   lambda bundle: self._aretrieve(retriever, bundle))
+        with _noted_if_not_text(query):
+            return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, query,
+                                                       lambda bundle: self._aretrieve(retriever, bundle))
 
     def _query(self, query_engine: Any, bundle: QueryBundle) -> Any:
+        if not isinstance(bundle, QueryBundle):
+            with framework_passthrough():
+                return query_engine._query(bundle)
         app, graph = self._plan(query_engine)
         query_id, started = _new_query_id(), time.monotonic()
         outputs = self._run_sync(app, graph, bundle, query_id)
@@ -166,6 +187,9 @@ class TeolaExecutor:
         return outputs["response"]
 
     async def _aquery(self, query_engine: Any, bundle: QueryBundle) -> Any:
+        if not isinstance(bundle, QueryBundle):
+            with framework_passthrough():
+                return await query_engine._aquery(bundle)
         app, graph = await self._aplan(query_engine)
         query_id, started = _new_query_id(), time.monotonic()
         outputs = await self._run_async(app, graph, bundle, query_id)
@@ -178,10 +202,16 @@ class TeolaExecutor:
         return response
 
     def _retrieve(self, retriever: Any, bundle: QueryBundle) -> list[Any]:
+        if not isinstance(bundle, QueryBundle):
+            with framework_passthrough():
+                return retriever._handle_recursive_retrieval(bundle, retriever._retrieve(bundle))
         app, graph = self._plan(retriever)
         return self._run_sync(app, graph, bundle, _new_query_id())["nodes"]
 
     async def _aretrieve(self, retriever: Any, bundle: QueryBundle) -> list[Any]:
+        if not isinstance(bundle, QueryBundle):
+            with framework_passthrough():
+                return await retriever._ahandle_recursive_retrieval(bundle, await retriever._aretrieve(bundle))
         app, graph = await self._aplan(retriever)
         return (await self._run_async(app, graph, bundle, _new_query_id()))["nodes"]
 
@@ -250,10 +280,11 @@ class TeolaExecutor:
         return max(_MIN_LEFT_S, self.timeout_s - (time.monotonic() - started))
 
     def flush(self) -> None:
-        """Store every document ingestion still pending (all indexes), now."""
+        """Store every document ingestion still pending (all indexes), now; raises what fails
+        (the nodes stay pending)."""
         flush_all()
 
-    close = flush  # an executor going away leaves nothing pending
+    close = flush  # an executor going away leaves nothing pending; a failure raises here
 
     async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         claims = [j for j in app.ingestions if j.claim is not None]
@@ -421,9 +452,13 @@ def _require(target: Any, base: type, method: str) -> None:
                         f"{method} takes a {base.__name__}. Supported: {SUPPORTED}")
 
 
-def _query_bundle(query: str | QueryBundle) -> QueryBundle:
-    if isinstance(query, str):
-        return QueryBundle(query)
-    if isinstance(query, QueryBundle):
-        return query
-    raise TypeError(f"query must be a str or a llama_index QueryBundle, got {type(query).__name__}")
+@contextlib.contextmanager
+def _noted_if_not_text(query: Any) -> Iterator[None]:
+    """Plain LlamaIndex's exception for a query of another type, with Teola's note on it."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(query, (str, QueryBundle)):
+            exc.add_note(f"TeolaExecutor: the query was a {type(query).__name__}, not a str or QueryBundle; "
+                         "LlamaIndex's own code raised this, as it would without Teola")
+        raise

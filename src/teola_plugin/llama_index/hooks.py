@@ -27,9 +27,9 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
-from ..capture.llama_index_ingest import flush_all, pending_states
 from . import ingest_hooks
 from .executor import TeolaExecutor
+from .pending_ingestion import flush_all, pending_states
 
 _ORIGINAL = "__teola_original__"
 

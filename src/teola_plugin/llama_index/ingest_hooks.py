@@ -1,18 +1,20 @@
-"""Deferred ingestion's hooks on LlamaIndex: record, and flush before anything reads.
+"""Ingestion's hooks on LlamaIndex: defer where that is safe, store first where anything reads.
 
 ``VectorStoreIndex._(async_)add_nodes_to_index`` (the step after LlamaIndex's own node parsing, in
 ``from_documents`` / ``insert`` / ``insert_nodes``) records its nodes when the installed
-executor defers ingestion and an engine serves the index's embed model
-(``capture/llama_index_ingest.py``); a later insert appends (stored in order). Everything
-else that reads or changes the index or its stores stores the pending nodes first:
+executor defers ingestion, an engine serves the index's embed model and every store of the
+index is LlamaIndex's in-memory one (``ingestion_policy.py``; ``pending_ingestion.py`` holds
+them); otherwise LlamaIndex's own code stores them before the call returns, with the embedding
+routed to the engine (``hooks.py``). A later insert appends (stored in order). Everything else
+that reads or changes the index or its stores stores the pending nodes first:
 ``index.vector_store`` / ``index.docstore`` (so ``ref_doc_info``), ``delete_nodes`` /
 ``delete_ref_doc`` / ``update_ref_doc`` / ``refresh_ref_docs`` / ``ainsert_nodes`` / ``ainsert``,
-``StorageContext.persist``, and every query / retrieve not run through the executor
-(``hooks``). ``as_retriever`` does not flush (the next query joins the nodes into its
-graph) but gives the retriever the node ids plain LlamaIndex would (pending ones included).
-Not covered: reading ``index.storage_context.<store>`` or ``index._vector_store`` directly.
-``show_progress`` (LlamaIndex's embedding bar) is kept with the recorded nodes and honoured
-where Teola embeds them (``capture/llama_index_progress.py``).
+``StorageContext.persist`` and the in-memory stores' own ``persist``, and every query /
+retrieve not run through the executor (``hooks``). ``as_retriever`` does not flush (the next
+query joins the nodes into its graph) but gives the retriever the node ids plain LlamaIndex
+would (pending ones included). Not covered: reading ``index.storage_context.<store>.data`` or
+``index._vector_store`` directly. ``show_progress`` (LlamaIndex's embedding bar) is kept with
+the recorded nodes and honoured where Teola embeds them (``capture/llama_index_progress.py``).
 """
 
 from __future__ import annotations
@@ -29,14 +31,21 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
 from llama_index.core.storage.storage_context import StorageContext
 
-from ..capture.llama_index_ingest import (
+from llama_index.core.storage.docstore import SimpleDocumentStore
+from llama_index.core.storage.index_store import SimpleIndexStore
+from llama_index.core.vector_stores import SimpleVectorStore
+
+from ..capture.llama_index_progress import embedding_bar
+from ..runtime.runtime import before_shutdown
+from .ingestion_policy import ingestion_path
+from .pending_ingestion import (
     PendingBatch,
     PendingIngestion,
     flush_all,
     flush_index,
+    hand_back,
     set_original_add_nodes,
 )
-from ..capture.llama_index_progress import embedding_bar
 
 _NO_FLUSH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_no_flush", default=False)
 _SAVED: dict[tuple[type, str], Any] = {}
@@ -59,18 +68,24 @@ def _flushing(index: Any) -> None:
 
 def _deferred(index: Any, index_struct: Any, nodes: Any, insert_kwargs: dict[str, Any],
               show_progress: bool) -> bool:
-    """Record the nodes if the installed executor defers ingestion for ``index`` (with the
-    caller's ``show_progress``: the run that embeds them shows LlamaIndex's bar)."""
+    """Record the nodes if the installed executor may defer ingestion for ``index`` (with the
+    caller's ``show_progress``: the run that embeds them shows LlamaIndex's bar). The path
+    taken is kept on the index for explain()."""
     from ..capture.llama_index_models import embedder_engine_for
     from .hooks import active_executor
 
     executor = active_executor()
-    if (nodes and executor is not None and executor.defer_ingestion
-            and embedder_engine_for(executor.runtime, index._embed_model)[0] is not None):
-        PendingIngestion.of(index, create=True).add(
-            PendingBatch(index_struct, list(nodes), insert_kwargs, show_progress=bool(show_progress)))
-        return True
-    return False
+    if not nodes or executor is None:
+        return False
+    served = embedder_engine_for(executor.runtime, index._embed_model)[0] is not None
+    path = ingestion_path(index, executor.defer_ingestion, served)
+    index.__dict__["_teola_ingestion_path"] = path
+    if not path.deferred:
+        return False
+    PendingIngestion.of(index, create=True).add(
+        PendingBatch(index_struct, list(nodes), insert_kwargs, show_progress=bool(show_progress)),
+        runtime=executor.runtime, idle_flush_s=executor.idle_flush_s)
+    return True
 
 
 # LlamaIndex's embed_nodes shows its bar around the embedding call; where the executor embeds
@@ -187,7 +202,7 @@ def _flush_property(original: property) -> property:
 def _persist(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def persist(self: Any, *args: Any, **kwargs: Any) -> Any:
-        flush_all()  # any index may write into this storage context's stores
+        flush_all()  # any index may write into these stores
         return original(self, *args, **kwargs)
 
     return persist
@@ -212,6 +227,9 @@ _HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
     (VectorStoreIndex, "ainsert_nodes", _flush_first),
     (BaseIndex, "ainsert", _flush_first),
     (StorageContext, "persist", _persist),
+    (SimpleVectorStore, "persist", _persist),
+    (SimpleDocumentStore, "persist", _persist),
+    (SimpleIndexStore, "persist", _persist),
 )
 
 
@@ -223,6 +241,9 @@ def install() -> None:
             _SAVED[cls, name] = original
             setattr(cls, name, wrap(original))
     set_original_add_nodes(_SAVED[VectorStoreIndex, "_add_nodes_to_index"])
+    # A runtime going away hands back the nodes its engines were to embed (LlamaIndex's own
+    # code stores them if anything reads them), so no flush needs a closed runtime.
+    before_shutdown(hand_back)
 
 
 def uninstall() -> None:

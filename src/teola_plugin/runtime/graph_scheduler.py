@@ -41,12 +41,12 @@ from .values import LLMState
 CostFn = Callable[[Primitive], float]
 
 
-def check_timeout(timeout_s: Any) -> float | None:
-    """A query timeout: a positive, finite number of seconds, or None for none."""
+def check_timeout(timeout_s: Any, name: str = "timeout_s") -> float | None:
+    """A duration: a positive, finite number of seconds, or None for none."""
     if timeout_s is None:
         return None
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
-        raise ConfigError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        raise ConfigError(f"{name} must be a positive number of seconds or None, got {timeout_s!r}")
     return float(timeout_s)
 
 

@@ -6,8 +6,8 @@ on it, so synchronous framework code (``query_engine.query``) can call in from a
 with :meth:`Runtime.run_sync`, and async code with :meth:`Runtime.run_async`.
 
 Hosting: ``hosting="ray"`` (default) starts an embedded Ray runtime on first use (no
-dashboard, node address 127.0.0.1, token authentication unless ``RAY_AUTH_MODE`` says
-otherwise, sized to this machine; docs/reliability.md says which ports it opens) or
+dashboard, every Ray process listening on 127.0.0.1 only, token authentication unless
+``RAY_AUTH_MODE`` says otherwise, sized to this machine; docs/reliability.md) or
 connects to ``ray_address``; each
 engine replica is an actor placed by its resources. ``hosting="local"`` keeps engines in
 the loop thread (tests of pure scheduling, notebooks without Ray). Scheduling is the same
@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
@@ -40,6 +41,16 @@ T = TypeVar("T")
 START_REPORT_S = 60.0  # an engine still starting after this long gets a warning (and again after each)
 STOP_STARTS_S = 30.0  # shutdown: how long starts in progress get to stop their replicas
 LEFTOVER_TASKS_S = 10.0  # shutdown: how long whatever still runs on the loop gets after a cancel
+
+
+_BEFORE_SHUTDOWN: list[Callable[["Runtime"], None]] = []
+
+
+def before_shutdown(hook: Callable[["Runtime"], None]) -> None:
+    """Call ``hook(runtime)`` when any runtime starts shutting down, while its engines still
+    serve (integrations hand back work that needs them). Registered once per hook."""
+    if hook not in _BEFORE_SHUTDOWN:
+        _BEFORE_SHUTDOWN.append(hook)
 
 
 def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | None = None) -> dict[str, EngineSpec]:
@@ -71,6 +82,32 @@ def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """A Ray node whose every process listens on 127.0.0.1 only (measured: GCS, raylet,
+    workers, the driver's core worker, the runtime-env agent, the autoscaler's metrics).
+
+    Ray binds its servers to the node address, but on Linux it replaces a loopback
+    ``_node_ip_address`` with the machine's address (``resolve_ip_for_localhost``: a node
+    must be reachable by others) unless multi-node clusters are off
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``). An embedded runtime is one node, so they are
+    turned off while it starts: in Ray's constants for this process, and in the environment
+    its processes start with (set back afterwards; a user's own value wins)."""
+    from ray._private import ray_constants
+
+    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before_env, before_const = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    if before_env is None:
+        os.environ[name] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if before_env is None:
+            os.environ.pop(name, None)
+            ray_constants.ENABLE_RAY_CLUSTER = before_const
 
 
 def _cuda_devices() -> int:
@@ -212,9 +249,10 @@ class Runtime:
         else:
             # Embedded: a new local instance ("local": without it ray.init joins whatever
             # cluster `ray start` last left in /tmp/ray, someone else's included), no
-            # dashboard, node address 127.0.0.1, sized to the machine.
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=False, ignore_reinit_error=True)
+            # dashboard, sized to the machine, every process on loopback only.
+            with _loopback_node():
+                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                         _node_ip_address="127.0.0.1", log_to_driver=False, ignore_reinit_error=True)
         self._owns_ray = True
 
     # -- engines -------------------------------------------------------------------------------
@@ -477,6 +515,8 @@ class Runtime:
                 return
             self._closed = True
             loop, thread = self._loop, self._thread
+        for hook in list(_BEFORE_SHUTDOWN):
+            hook(self)
         if loop is not None and thread is not None and thread.is_alive():
             async def close_all() -> None:
                 starting = [start.task for start in self._starting.values()]
