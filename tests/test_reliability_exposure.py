@@ -35,7 +35,9 @@ PROBE = textwrap.dedent("""
     mine = {me.pid} | {p.pid for p in me.children(recursive=True)}  # Ray's processes are ours
     listening = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
                         if c.status == "LISTEN" and c.pid in mine})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # A local process joins the loopback node as the runtime started it (multi-node off)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     joins = {}
     for name, extra in {"no token": {"RAY_AUTH_MODE": "disabled"},
                         "wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},

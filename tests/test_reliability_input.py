@@ -127,21 +127,59 @@ def test_wrong_types_at_the_runtime_and_engines_fail_clearly(runtime, call):
 
 
 # -- the LlamaIndex executor: bad queries, bad targets, then a good call -------------------------------
+def outcome(fn):
+    """The exception ``fn()`` raises (a stream is read to its end), or None."""
+    try:
+        out = fn()
+        if getattr(out, "response_gen", None) is not None:
+            "".join(out.response_gen)
+    except Exception as exc:  # noqa: BLE001 — compared below
+        return exc
+    return None
+
+
 @pytest.mark.slow
-def test_executor_rejects_wrong_types_and_stays_usable(runtime):
-    from llama_index.core import Document, VectorStoreIndex
+def test_executor_raises_plain_llama_index_exception_types_for_bad_queries_and_stays_usable(runtime):
+    import asyncio
+
+    from llama_index.core import Document, Settings, VectorStoreIndex
 
     from teola_plugin import datasets
-    from teola_plugin.llama_index import TeolaEmbedding
+    from teola_plugin.llama_index import TeolaEmbedding, TeolaLLM
 
     passages = datasets.load_corpus("squad-xquad-en")[:8]
     index = VectorStoreIndex.from_documents([Document(text=p.text) for p in passages],
                                             embed_model=TeolaEmbedding(runtime=runtime))
     retriever = index.as_retriever(similarity_top_k=2)
+    llm = TeolaLLM(runtime=runtime, max_tokens=4)
+    engine, streaming = (index.as_query_engine(llm=llm, similarity_top_k=2, streaming=s) for s in (False, True))
     executor = TeolaExecutor(runtime, timeout_s=120)
-    for bad in (None, 3, b"bytes", ["a list"], {"q": 1}):
-        with pytest.raises(TypeError, match="query must be a str"):
-            executor.retrieve(retriever, bad)
+    calls = {"query": engine.query, "stream": streaming.query, "retrieve": retriever.retrieve,
+             "aquery": lambda q: asyncio.run(engine.aquery(q)),
+             "aretrieve": lambda q: asyncio.run(retriever.aretrieve(q))}
+
+    def both(name, query):
+        Settings.executor = None
+        plain = outcome(lambda: calls[name](query))
+        Settings.executor = executor
+        try:
+            return plain, outcome(lambda: calls[name](query))
+        finally:
+            Settings.executor = None
+
+    for bad in (None, 3, b"bytes", ["a list"], {"q": 1}):  # pydantic ValidationError, AttributeError
+        for name in calls:
+            plain, teola = both(name, bad)
+            assert plain is not None and type(teola) is type(plain), (name, bad, plain, teola)
+            assert any("not a str or QueryBundle" in note for note in teola.__notes__)
+    for name in ("retrieve", "aquery"):  # the tokenizer's TypeError, saying now what is wrong
+        plain, teola = both(name, "a lone \ud800 surrogate")
+        assert type(teola) is type(plain) is TypeError
+        assert any("lone surrogate U+D800 at character 7" in note for note in teola.__notes__)
+    for name in ("query", "stream", "aquery"):  # longer than the model's context
+        plain, teola = both(name, "lorem ipsum " * 20_000)
+        assert type(teola) is type(plain) is ValueError
+        assert any("240,000 characters" in note and "context window" in note for note in teola.__notes__)
     for target in (None, "a string", retriever.retrieve, index):
         with pytest.raises(TypeError, match="takes a"):
             executor.query(target, "q")
@@ -156,6 +194,30 @@ def test_executor_rejects_wrong_types_and_stays_usable(runtime):
     assert any("query_vector" in note for note in empty.value.__notes__)
     nodes = executor.retrieve(retriever, "Which NFL team represented the AFC at Super Bowl 50?")
     assert len(nodes) == 2 and all(n.node.get_content() for n in nodes)
+
+
+@pytest.mark.slow
+def test_teola_runnable_raises_the_plain_chains_exception_types_with_a_clear_message(runtime):
+    import asyncio
+
+    chain = ChatPromptTemplate.from_template("Answer in a word: {question}") | TeolaChatModel(
+        runtime=runtime, max_tokens=3) | StrOutputParser()
+    wrapped = TeolaRunnable(chain, runtime=runtime, timeout_s=300)
+
+    async def collect(stream):
+        return [chunk async for chunk in stream]
+
+    entry_points = {"invoke": lambda c, x: c.invoke(x), "ainvoke": lambda c, x: asyncio.run(c.ainvoke(x)),
+                    "stream": lambda c, x: list(c.stream(x)), "astream": lambda c, x: asyncio.run(collect(c.astream(x)))}
+    cases = {"missing variable": ({}, KeyError, "missing variables"),
+             "lone surrogate": ({"question": "a \udc80 b"}, EngineInputError, "lone surrogate U+DC80"),
+             "over-long": ({"question": "lorem ipsum " * 20_000}, EngineInputError, "maximum context length")}
+    for case, (value, kind, message) in cases.items():
+        for name, call in entry_points.items():
+            plain, teola = outcome(lambda: call(chain, value)), outcome(lambda: call(wrapped, value))
+            assert type(plain) is type(teola) and isinstance(teola, kind), (case, name, plain, teola)
+            assert message in str(teola), (case, name, teola)
+    assert wrapped.invoke({"question": "What is the capital of France?"})  # still usable
 
 
 # -- configuration (no engines) ------------------------------------------------------------------

@@ -129,6 +129,19 @@ def check_texts(texts: Any, what: str = "texts", allow_empty: bool = False) -> l
     return out
 
 
+def lone_surrogate(texts: Sequence[str]) -> str | None:
+    """Where the first lone surrogate (``"\\ud800"``: not valid Unicode, so no tokenizer can
+    encode it) sits in ``texts``, said for an error message; ``None`` when there is none."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"text {i} holds a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start}, "
+                    "which is not valid Unicode (e.g. bytes decoded with errors='surrogateescape'); "
+                    "clean it (text.encode('utf-8', 'replace').decode()) before sending it")
+    return None
+
+
 def check_cuda_available(device: str) -> None:
     """A CUDA device was asked for: fail with a clear message where torch sees none."""
     if device.startswith("cuda"):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EngineInputError, EngineNotStartedError, ModelLoadError, ModelNotFoundError
-from .base import Engine, check_cuda_available, check_texts
+from .base import Engine, check_cuda_available, check_texts, lone_surrogate
 
 __all__ = ["SentenceTransformerEmbedder", "default_model_path"]
 
@@ -102,15 +102,22 @@ def release_sentence_transformer(path: Path, device: str) -> None:
 
 
 def encode(model: Any, lock: threading.Lock, texts: list[str], batch_size: int) -> np.ndarray:
-    """Blocking: normalised float32 embeddings of ``texts`` (call it in a worker thread)."""
-    with lock:
-        out = model.encode(
-            texts,
-            batch_size=batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+    """Blocking: normalised float32 embeddings of ``texts`` (call it in a worker thread). A text
+    the tokenizer cannot encode fails as it does in sentence-transformers, with a note saying why."""
+    try:
+        with lock:
+            out = model.encode(
+                texts,
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+    except (TypeError, ValueError) as exc:  # the tokenizer's "TextEncodeInput must be ..."
+        where = lone_surrogate(texts)
+        if where is not None:
+            exc.add_note(where)
+        raise
     return np.ascontiguousarray(out, dtype=np.float32)
 
 

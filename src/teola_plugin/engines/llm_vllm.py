@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineInputError, ModelLoadError, ModelNotFoundError
-from .base import Engine
+from .base import Engine, lone_surrogate
 
 Prompt = str | Sequence[Mapping[str, str]]  # text, or chat messages [{"role", "content"}]
 
@@ -162,6 +162,13 @@ class VLLMEngine(Engine):
     # -- prompts -------------------------------------------------------------------------
     def render(self, prompt: Prompt) -> str:
         """The exact text sent to the model: chat messages go through the model's chat template."""
+        text = self._render(prompt)
+        where = lone_surrogate([text])
+        if where is not None:  # vLLM's tokenizer fails on it with an error that says nothing
+            raise EngineInputError(f"the prompt cannot be tokenized: it {where.removeprefix('text 0 ')}")
+        return text
+
+    def _render(self, prompt: Prompt) -> str:
         if isinstance(prompt, str):
             return prompt
         if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt) and prompt:

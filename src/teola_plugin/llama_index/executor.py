@@ -153,25 +153,25 @@ class TeolaExecutor:
     # ``_query`` / ``_retrieve``: the caller gets plain's exception, with Teola's note.
     def query(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "query")
-        with _noted_if_not_text(query):
+        with _noted_bad_input(query):
             return instrumentation.instrumented(instrumentation.query, query_engine, query,
                                                 lambda bundle: self._query(query_engine, bundle))
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
-        with _noted_if_not_text(query):
+        with _noted_bad_input(query):
             return await instrumentation.ainstrumented(instrumentation.aquery, query_engine, query,
                                                        lambda bundle: self._aquery(query_engine, bundle))
 
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
-        with _noted_if_not_text(query):
+        with _noted_bad_input(query):
             return instrumentation.instrumented(instrumentation.retrieve, retriever, query,
                                                 lambda bundle: self._retrieve(retriever, bundle))
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
-        with _noted_if_not_text(query):
+        with _noted_bad_input(query):
             return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, query,
                                                        lambda bundle: self._aretrieve(retriever, bundle))
 
@@ -453,12 +453,17 @@ def _require(target: Any, base: type, method: str) -> None:
 
 
 @contextlib.contextmanager
-def _noted_if_not_text(query: Any) -> Iterator[None]:
-    """Plain LlamaIndex's exception for a query of another type, with Teola's note on it."""
+def _noted_bad_input(query: Any) -> Iterator[None]:
+    """Plain LlamaIndex's exception for a bad query, with Teola's note saying what is wrong."""
     try:
         yield
     except Exception as exc:
         if not isinstance(query, (str, QueryBundle)):
             exc.add_note(f"TeolaExecutor: the query was a {type(query).__name__}, not a str or QueryBundle; "
                          "LlamaIndex's own code raised this, as it would without Teola")
+        elif isinstance(exc, ValueError) and str(exc).startswith("Calculated available context size"):
+            text = query if isinstance(query, str) else query.query_str
+            exc.add_note(f"TeolaExecutor: the query ({len(text):,} characters) and the prompt around it do not "
+                         "fit the LLM's context window (LlamaIndex's PromptHelper found no room left for "
+                         "context); shorten the query or use an LLM with a larger context_window")
         raise
