@@ -173,12 +173,12 @@ class PromptSpy:
         open_stream, resume_stream = self._orig
 
         async def spy_open(method: str, kwargs: Any, *args: Any, **kw: Any):
-            sid, first, finished, info = await open_stream(method, kwargs, *args, **kw)
+            opened = await open_stream(method, kwargs, *args, **kw)
             key = prompt_text(kwargs["prompt"])
-            self.generated[key] = "".join(d.text for d in first)
-            if not finished:
-                self._sid_prompt[sid] = key
-            return sid, first, finished, info
+            self.generated[key] = "".join(d.text for d in opened.first)
+            if not opened.finished:
+                self._sid_prompt[opened.sid] = key
+            return opened
 
         async def spy_resume(sid: str):
             key = self._sid_prompt.pop(sid, None)

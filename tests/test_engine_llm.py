@@ -39,10 +39,10 @@ def test_stream_yields_deltas_that_add_up_to_the_generation(llm, call):
     params = {"temperature": 0.0, "max_tokens": 24}
 
     async def streamed():
-        sid, first, finished, _ = await llm.open_stream("stream", {"prompt": QUESTION, "params": params}, Priority())
-        deltas = list(first)
-        if not finished:
-            async for d in llm.resume_stream(sid):
+        opened = await llm.open_stream("stream", {"prompt": QUESTION, "params": params}, Priority())
+        deltas = list(opened.first)
+        if not opened.finished:
+            async for d in llm.resume_stream(opened.sid):
                 deltas.append(d)
         return deltas
 
@@ -56,12 +56,12 @@ def test_stream_yields_deltas_that_add_up_to_the_generation(llm, call):
 
 def test_closing_a_stream_early_aborts_the_request(llm, call):
     async def start_and_abandon():
-        sid, first, finished, _ = await llm.open_stream(
+        opened = await llm.open_stream(
             "stream", {"prompt": "Count from one to one thousand:", "params": {"temperature": 0.0, "max_tokens": 2000}},
             Priority())
-        assert not finished
-        await llm.close_stream(sid)
-        return sid
+        assert not opened.finished
+        await llm.close_stream(opened.sid)
+        return opened.sid
 
     call(start_and_abandon())
     stats = call(llm.call("describe"))

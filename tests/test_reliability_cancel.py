@@ -111,7 +111,8 @@ def test_a_cancel_that_crosses_the_opening_of_a_stream_leaves_no_stream_open(run
     kwargs = {"prompt": "1, 2, 3,", "params": {"temperature": 0.0, "max_tokens": 1000, "ignore_eos": True}}
 
     async def crossing():
-        sid, _, finished, _ = await actor.open_stream.remote("stream", kwargs, Priority(), "test-open-then-cancel")
+        answer = await actor.open_stream.remote("stream", kwargs, Priority(), "test-open-then-cancel")
+        sid, finished = answer.sid, answer.finished
         opened = busy(await engine_state(runtime))
         await actor.cancel.remote(["test-open-then-cancel"])  # the answer above never reached its caller
         await actor.cancel.remote(["test-cancel-then-open"])
@@ -120,5 +121,5 @@ def test_a_cancel_that_crosses_the_opening_of_a_stream_leaves_no_stream_open(run
 
     sid, finished, opened, late, left = call(crossing())
     assert sid and not finished and opened["llm"]["open_streams"] >= 1
-    assert late[0] == "" and late[1] == [] and late[2] is True
+    assert late.sid == "" and late.first == [] and late.finished is True
     assert left == {}

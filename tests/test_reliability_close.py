@@ -61,9 +61,9 @@ def server() -> EngineServer:
 
 
 async def _open(srv: EngineServer, **kwargs) -> str:
-    sid, first, finished, _ = await srv.open_stream("stream", kwargs, Priority())
-    assert not finished and first[0].n == 0
-    return sid
+    opened = await srv.open_stream("stream", kwargs, Priority())
+    assert not opened.finished and opened.first[0].n == 0
+    return opened.sid
 
 
 def test_a_closed_streams_slot_is_freed_only_once_its_request_is_aborted(monkeypatch):

@@ -139,8 +139,7 @@ class Interpreter:
     def opaque(self, prim: Primitive, inputs: dict[str, Any]) -> Mapping[str, Any]:
         fn = prim.attrs.get("fn")
         if prim.op not in self.handlers and callable(fn):  # the component itself, as lowered
-            value = fn(**inputs)
-            return value if len(prim.outputs) != 1 else {prim.outputs[0]: value}
+            return semantics.opaque_outputs(prim.outputs, fn(**inputs))
         return self.call_handler(prim, inputs)
 
     def aggregate(self, prim: Primitive, inputs: dict[str, Any]) -> Mapping[str, Any]:

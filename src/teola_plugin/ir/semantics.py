@@ -3,7 +3,8 @@
 
 * sharding: which slice of a list the i-th of n shards sees;
 * aggregate modes (the merges optimizer passes insert);
-* format templates (``attrs["parts"]``) and decode item parsing (``attrs["parse"]``).
+* format templates (``attrs["parts"]``) and decode item parsing (``attrs["parse"]``);
+* what an opaque primitive's function returns (:func:`opaque_outputs`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,22 @@ AGGREGATE_MODES: Mapping[str, Callable[[Mapping[str, Any], Mapping[str, Any]], A
 def aggregate(attrs: Mapping[str, Any], inputs: Mapping[str, Any]) -> Any:
     """Value of an aggregate primitive's ``out`` port. ``attrs["mode"]`` defaults to concat."""
     return AGGREGATE_MODES[attrs.get("mode", "concat")](inputs, attrs)
+
+
+# ------------------------------------------------------------------------------ opaque
+
+
+def opaque_outputs(outputs: Sequence[str], result: Any) -> dict[str, Any]:
+    """Port values of an opaque primitive whose function returned ``result``. With one output
+    port the return value *is* that port's value, whatever it is (a mapping ``{"out": 1}``
+    included); with several it is a mapping holding exactly those ports."""
+    if len(outputs) == 1:
+        return {outputs[0]: result}
+    if not isinstance(result, Mapping) or set(result) != set(outputs):
+        got = sorted(result) if isinstance(result, Mapping) else type(result).__name__
+        raise TypeError(f"an opaque primitive with outputs {sorted(outputs)} must return a mapping of "
+                        f"exactly those ports, got {got}")
+    return dict(result)
 
 
 # ------------------------------------------------------------------------------ format

@@ -80,19 +80,18 @@ class _EngineModel(BaseModel):
     def _producer(self, prompt: Any, params: dict[str, Any]):
         async def produce(push: Push) -> None:
             pool = await started_pool(self.teola_runtime(), self.engine)
-            sid, first, finished, _ = await pool.open_stream(
-                "stream", {"prompt": prompt, "params": params}, Priority())
+            opened = await pool.open_stream("stream", {"prompt": prompt, "params": params}, Priority())
             try:
-                for delta in first:
+                for delta in opened.first:
                     if delta.text:
                         push(delta.text)
-                if not finished:
-                    async for delta in pool.resume_stream(sid):
+                if not opened.finished:
+                    async for delta in pool.resume_stream(opened.sid):
                         if delta.text:
                             push(delta.text)
             finally:
-                if not finished:
-                    await pool.close_stream(sid)  # idempotent; aborts a request cut short
+                if not opened.finished:
+                    await pool.close_stream(opened.sid)  # idempotent; aborts a request cut short
 
         return produce
 

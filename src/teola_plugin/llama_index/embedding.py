@@ -12,6 +12,7 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 
+from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
 
 
@@ -43,7 +44,8 @@ class TeolaEmbedding(BaseEmbedding):
 
     async def _embed(self, texts: list[str]) -> list[Embedding]:
         await self.runtime.start_engines(self.engine)
-        vectors = await self.runtime.engines(self.engine).call("embed", texts)
+        # queued like every other request: the engine scheduler's priority and batching apply
+        vectors, _ = await self.runtime.engines(self.engine).submit("embed", {"texts": texts}, Priority())
         return [row.tolist() for row in vectors]
 
     def _get_query_embedding(self, query: str) -> Embedding:

@@ -111,25 +111,25 @@ class TeolaLLM(CustomLLM):
 
     # -- engine calls: every path funnels through these two ---------------------------------
     async def _engine_generate(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> str:
-        generation = await (await self._pool()).call("generate", prompt, dict(params))
+        generation, _ = await (await self._pool()).submit("generate", {"prompt": prompt, "params": dict(params)},
+                                                          Priority())
         return generation.text
 
     async def _engine_stream(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> AsyncIterator[str]:
         pool = await self._pool()
-        sid, first, finished, _ = await pool.open_stream(
-            "stream", {"prompt": prompt, "params": dict(params)}, Priority())
-        handed_over = finished  # a finished stream is already closed
+        opened = await pool.open_stream("stream", {"prompt": prompt, "params": dict(params)}, Priority())
+        handed_over = opened.finished  # a finished stream is already closed
         try:
-            for delta in first:
+            for delta in opened.first:
                 yield delta.text
-            if not finished:
+            if not opened.finished:
                 handed_over = True  # from here resume_stream closes it, even if abandoned
-                async with contextlib.aclosing(pool.resume_stream(sid)) as rest:
+                async with contextlib.aclosing(pool.resume_stream(opened.sid)) as rest:
                     async for delta in rest:
                         yield delta.text
         finally:
             if not handed_over:  # abandoned before the decode started
-                await pool.close_stream(sid)
+                await pool.close_stream(opened.sid)
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> str:
         return prompt if formatted else self.completion_to_prompt(prompt)

@@ -21,31 +21,12 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .policies import BatchPolicy, Priority
+from .requests import BatchInfo, EngineRequest
 
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """Where and how a request ran: recorded in the execution timeline."""
-
-    engine: str
-    batch_id: int
-    size: int
-    start: float
-    end: float
-
-
-@dataclass(order=True)
-class _Request:
-    key: tuple[Any, ...]
-    op: str = field(compare=False)
-    payload: Any = field(compare=False)
-    future: asyncio.Future[Any] = field(compare=False)
-    enqueued: float = field(compare=False)
-
+__all__ = ["ADMIT", "BatchInfo", "EngineScheduler"]
 
 Runner = Callable[[str, list[Any]], Awaitable[list[Any]]]
 ADMIT = "__admit__"  # pseudo-op of stream admissions
@@ -58,7 +39,7 @@ class EngineScheduler:
         self.policy = policy
         self._run_batch = run_batch
         self._size_of = size_of or (lambda op, payload: 1)  # work items of one request
-        self._queues: dict[str, list[_Request]] = {}
+        self._queues: dict[str, list[EngineRequest]] = {}
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
         self._running = 0
@@ -105,7 +86,8 @@ class EngineScheduler:
             # live on in a task that runs as long as the engine.
             self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"engine-scheduler:{self.name}",
                                                 context=contextvars.Context())
-        request = _Request(self.policy.key(priority, next(self._seq)), op, payload, loop.create_future(), time.time())
+        request = EngineRequest(self.policy.key(priority, next(self._seq)), op, payload, priority,
+                                loop.create_future(), enqueued=time.time())
         heapq.heappush(self._queues.setdefault(op, []), request)
         assert self._wakeup is not None
         self._wakeup.set()
@@ -147,25 +129,25 @@ class EngineScheduler:
             if not queue:
                 del self._queues[op]
 
-    def _next_batch(self) -> list[_Request]:
+    def _next_batch(self) -> list[EngineRequest]:
         """The batch of the highest-priority op that may start now, or [] (timer armed)."""
         deadlines = []
         for _, op in sorted((q[0].key, op) for op, q in self._queues.items() if q):
             queue = self._queues[op]
-            limit = 1 if op == ADMIT else self.policy.max_batch_size
-            if len(queue) < limit and self.policy.max_wait_s > 0 and op != ADMIT:
+            if op != ADMIT and self.policy.max_wait_s > 0 and len(queue) < self.policy.max_batch_size:
                 deadline = min(r.enqueued for r in queue) + self.policy.max_wait_s
                 if time.time() < deadline:  # let the batch fill a little longer
                     deadlines.append(deadline)
                     continue
-            batch: list[_Request] = []
-            items, max_items = 0, self.policy.max_batch_items
-            while queue and len(batch) < limit:
+            batch: list[EngineRequest] = []
+            items = 0
+            while queue:
                 request = heapq.heappop(queue)
                 if request.future.done():
                     continue
-                n = self._size_of(op, request.payload) if op != ADMIT else 1
-                if batch and max_items is not None and items + n > max_items:
+                n = 1 if op == ADMIT else self._size_of(op, request.payload)
+                # a stream's admission is a batch of one; requests follow the policy's cut
+                if batch and (op == ADMIT or not self.policy.admits(len(batch), items, n)):
                     heapq.heappush(queue, request)  # first in line for the next batch
                     break
                 batch.append(request)
@@ -185,7 +167,7 @@ class EngineScheduler:
         assert self._wakeup is not None
         self._timer = loop.call_later(max(0.0, deadline - time.time()), self._wakeup.set)
 
-    async def _execute(self, batch: list[_Request]) -> None:
+    async def _execute(self, batch: list[EngineRequest]) -> None:
         op = batch[0].op
         batch_id = next(self._batch_ids)
         start = time.time()
@@ -214,7 +196,7 @@ class EngineScheduler:
             if op != ADMIT:
                 self._release_slot()
 
-    async def _execute_alone(self, request: _Request, batch_id: int) -> None:
+    async def _execute_alone(self, request: EngineRequest, batch_id: int) -> None:
         if request.future.done():
             return
         start = time.time()
@@ -226,7 +208,7 @@ class EngineScheduler:
             request.future.done() or request.future.set_result(
                 (result, BatchInfo(self.name, batch_id, 1, start, time.time())))
 
-    async def _run_admission(self, request: _Request, batch_id: int, start: float) -> None:
+    async def _run_admission(self, request: EngineRequest, batch_id: int, start: float) -> None:
         released = asyncio.Event()
         if request.future.done():  # cancelled while queued
             self._release_slot()

@@ -31,10 +31,10 @@ from ..errors import ConfigError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import INPUT, Primitive, Ref
 from ..ir.semantics import shard_slice
-from .engine_scheduler import BatchInfo
 from .handlers import Expansion, PrimitiveHandlers
 from .hosting import ReplicaPool
 from .policies import Priority
+from .requests import BatchInfo, StreamOpen
 from .timeline import Span, Timeline
 from .values import LLMState
 
@@ -76,9 +76,8 @@ class NodeContext:
         self.record_batch(info)
         return result
 
-    async def open_stream(self, method: str, kwargs: Mapping[str, Any]):
-        sid, first, finished, info = await self.engine().open_stream(method, kwargs, self.priority)
-        return sid, first, finished, info
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any]) -> StreamOpen:
+        return await self.engine().open_stream(method, kwargs, self.priority)
 
     def resume_stream(self, sid: str):
         return self.engine().resume_stream(sid)

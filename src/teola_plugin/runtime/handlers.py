@@ -124,9 +124,9 @@ class PrimitiveHandlers:
     async def llm_prefill(self, prim, inputs, ctx):
         # The framework's own sampling params when the lowering captured them; else greedy.
         params = prim.attrs.get("sampling_params") or {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
-        sid, first, finished, info = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
-        ctx.record_batch(info)
-        return {"state": LLMState(prim.engine, sid, list(first), finished)}
+        opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
+        ctx.record_batch(opened.info)
+        return {"state": LLMState(prim.engine, opened.sid, list(opened.first), opened.finished)}
 
     async def llm_decode(self, prim, inputs, ctx):
         state: LLMState = inputs["state"]
@@ -170,6 +170,4 @@ class PrimitiveHandlers:
             result = await in_framework_thread(fn, **inputs)
         if isinstance(result, Expansion):
             return result  # type: ignore[return-value]
-        if len(prim.outputs) == 1 and not (isinstance(result, Mapping) and set(result) == set(prim.outputs)):
-            return {prim.outputs[0]: result}
-        return dict(result)
+        return semantics.opaque_outputs(prim.outputs, result)

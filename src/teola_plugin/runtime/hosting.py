@@ -23,12 +23,13 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..engines.base import Engine
 from ..errors import ConfigError, EngineInputError, EngineRestartedError
-from .engine_scheduler import BatchInfo, EngineScheduler
+from .engine_scheduler import EngineScheduler
 from .policies import BatchPolicy, Priority, default_policy
+from .requests import BatchInfo, StreamOpen
 
 log = logging.getLogger("teola_plugin")
 READER_EXIT_WAIT_S = 30.0  # how long close_stream waits for a cancelled reader to let go
@@ -119,9 +120,7 @@ class EngineServer:
         return await result if asyncio.iscoroutine(result) else result
 
     # -- streams: started, resumed elsewhere, always closed ---------------------------------
-    async def open_stream(
-        self, method: str, kwargs: Mapping[str, Any], priority: Priority
-    ) -> tuple[str, list[Any], bool, BatchInfo]:
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> StreamOpen:
         """Start ``engine.<method>(**kwargs)`` (an async iterator) and run it to its first item.
 
         For LLM generation the first item arrives when the prefill is done, so this is
@@ -138,7 +137,7 @@ class EngineServer:
             first = await iterator.__anext__()
         except StopAsyncIteration:
             release()
-            return "", [], True, BatchInfo(self.spec.name, -1, 1, start, time.time())
+            return StreamOpen("", [], True, BatchInfo(self.spec.name, -1, 1, start, time.time()))
         except BaseException:
             release()
             raise
@@ -146,10 +145,10 @@ class EngineServer:
         if getattr(first, "finished", False):
             release()
             await iterator.aclose()
-            return "", [first], True, info
+            return StreamOpen("", [first], True, info)
         sid = f"{self._stream_prefix}-s{next(self._stream_ids)}"
         self._streams[sid] = (iterator, release)
-        return sid, [first], False, info
+        return StreamOpen(sid, [first], False, info)
 
     async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
         """The rest of an opened stream; closing it early aborts the underlying request."""
@@ -233,8 +232,9 @@ class EngineServer:
 
 
 # ---------------------------------------------------------------------------- client side
-class EngineHandle:
-    """Client-side view of one hosted engine replica."""
+class EngineHandle(Protocol):
+    """Client-side view of one hosted engine replica (:class:`LocalHandle`, ``RayHandle``).
+    ``outstanding``: requests and open streams in flight through it (the pool balances on it)."""
 
     name: str
     outstanding: int = 0
@@ -242,7 +242,7 @@ class EngineHandle:
     async def start(self) -> dict[str, Any]: ...
     async def submit(self, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[Any, BatchInfo]: ...
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
-    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> tuple[str, list[Any], bool, BatchInfo]: ...
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> StreamOpen: ...
     def resume_stream(self, sid: str) -> AsyncIterator[Any]: ...
     async def close_stream(self, sid: str) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
@@ -325,19 +325,19 @@ class ReplicaPool:
         handle = self._pick(route_key) if route_key is not None else self.handles[0]
         return await handle.call(method, *args, **kwargs)
 
-    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority):
+    async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> StreamOpen:
         handle = self._pick()
         handle.outstanding += 1
         try:
-            sid, first, finished, info = await handle.open_stream(method, kwargs, priority)
+            opened = await handle.open_stream(method, kwargs, priority)
         except BaseException:
             handle.outstanding -= 1
             raise
-        if finished:
+        if opened.finished:
             handle.outstanding -= 1
         else:
-            self._stream_owner[sid] = handle
-        return sid, first, finished, info
+            self._stream_owner[opened.sid] = handle
+        return opened
 
     async def resume_stream(self, sid: str) -> AsyncIterator[Any]:
         handle = self._stream_owner[sid]

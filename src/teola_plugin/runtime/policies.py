@@ -64,6 +64,13 @@ class BatchPolicy:
     def key(self, priority: Priority, seq: int) -> tuple[Any, ...]:
         return PRIORITY_RULES[self.priority](priority, seq)
 
+    def admits(self, size: int, items: int, n: int) -> bool:
+        """The one rule that cuts batches (the engine scheduler's, and a Ray handle's grouping
+        of one actor call): may a request of ``n`` work items join a batch that already holds
+        ``size`` requests and ``items`` items? A request always starts an empty batch."""
+        return size == 0 or (size < self.max_batch_size
+                             and (self.max_batch_items is None or items + n <= self.max_batch_items))
+
 
 def topology_key(p: Priority, seq: int) -> tuple[float, float, int]:
     return (-p.remaining_s, p.query_arrival_s, seq)

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..errors import EngineNotStartedError
-from .engine_scheduler import BatchInfo
 from .hosting import EngineHandle, EngineServer, EngineSpec
 from .policies import Priority, default_policy
+from .requests import BatchInfo, EngineRequest, StreamOpen
 
 log = logging.getLogger("teola_plugin")
 
@@ -104,20 +104,20 @@ class EngineActor:
         close the stream it opened, whenever the cancel arrives (before, during, after)."""
         if token is None:
             return await self.server.open_stream(method, kwargs, priority)
-        nothing = ("", [], True, BatchInfo(self.server.spec.name, -1, 1, time.time(), time.time()))
+        nothing = StreamOpen("", [], True, BatchInfo(self.server.spec.name, -1, 1, time.time(), time.time()))
         if token in self._cancelled:  # cancelled before it arrived
             del self._cancelled[token]
             return nothing
         self._inflight[token] = asyncio.current_task()  # type: ignore[assignment]
         try:
-            sid, first, finished, info = await self.server.open_stream(method, kwargs, priority)
+            opened = await self.server.open_stream(method, kwargs, priority)
         except asyncio.CancelledError:  # by cancel(): its caller is gone (the server freed the slot)
             return nothing
         finally:
             self._inflight.pop(token, None)
-        if not finished:
-            _remember(self._opened, token, sid)
-        return sid, first, finished, info
+        if not opened.finished:
+            _remember(self._opened, token, opened.sid)
+        return opened
 
     async def resume_stream(self, sid: str):
         async for item in self.server.resume_stream(sid):
@@ -185,7 +185,7 @@ class RayHandle(EngineHandle):
         self.name = spec.name
         self.spec = spec
         self.actor = create_actor(spec, replica, **actor_options)
-        self._pending: list[tuple[str, Any, Priority, asyncio.Future[Any], str]] = []
+        self._pending: list[EngineRequest] = []  # coalesced into the next actor call
         self._background: set[asyncio.Task[Any]] = set()  # sends, and clean-ups of abandoned calls
         self._started = False  # False: the actor never answered start (maybe never placed)
         engine_class = spec.engine_class()
@@ -201,17 +201,16 @@ class RayHandle(EngineHandle):
         """Queue the request for the next coalesced actor call (sent at the next loop turn),
         so primitives dispatched together cost one Ray round trip, not one each."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        token = f"{os.getpid()}-{next(_tokens)}"
-        self._pending.append((op, payload, priority, future, token))
+        request = EngineRequest((), op, payload, priority, loop.create_future(), token=f"{os.getpid()}-{next(_tokens)}")
+        self._pending.append(request)
         if len(self._pending) == 1:
             loop.call_soon(self._flush)
         try:
-            return await future
+            return await request.future
         except asyncio.CancelledError:
             # Not sent yet: _flush skips it. Sent: the actor drops it from its queue.
-            if not any(p[3] is future for p in self._pending):
-                self._in_background(self._cancel_remote([token]))
+            if not any(p is request for p in self._pending):
+                self._in_background(self._cancel_remote([request.token]))
             raise
 
     def _in_background(self, coro: Any) -> None:
@@ -229,17 +228,16 @@ class RayHandle(EngineHandle):
         # One actor call answers when all its requests are done, so a group holds only what
         # the engine would run as one batch (its request and item caps): requests bound for
         # later batches travel in their own calls and are not held back by the first ones.
-        pending, self._pending = [p for p in self._pending if not p[3].done()], []
+        pending, self._pending = [p for p in self._pending if not p.future.done()], []
         # In the order the engine scheduler will take them, so groups match its batches.
-        order = sorted(range(len(pending)), key=lambda i: self._policy.key(pending[i][2], i))
-        pending = [pending[i] for i in order]
-        group: list[tuple[str, Any, Priority, asyncio.Future[Any], str]] = []
+        for seq, request in enumerate(pending):
+            request.key = self._policy.key(request.priority, seq)
+        pending.sort()
+        group: list[EngineRequest] = []
         items = 0
         for request in pending:
-            n = self._size_of(request[0], request[1])
-            full = len(group) >= self._policy.max_batch_size or (
-                self._policy.max_batch_items is not None and items + n > self._policy.max_batch_items)
-            if group and full:
+            n = self._size_of(request.op, request.payload)
+            if not self._policy.admits(len(group), items, n):
                 self._in_background(self._send(group, retry=True))
                 group, items = [], 0
             group.append(request)
@@ -247,49 +245,50 @@ class RayHandle(EngineHandle):
         if group:
             self._in_background(self._send(group, retry=True))
 
-    async def _send(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any], str]], retry: bool) -> None:
+    async def _send(self, batch: list[EngineRequest], retry: bool) -> None:
         try:
             await self._send_once(batch, retry)
         finally:  # cancelled by close(): no caller may wait forever
-            for _, _, _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(EngineNotStartedError(
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(EngineNotStartedError(
                         f"engine {self.name!r} was closed while this request was in flight"))
 
-    async def _send_once(self, batch: list[tuple[str, Any, Priority, asyncio.Future[Any], str]], retry: bool) -> None:
+    async def _send_once(self, batch: list[EngineRequest], retry: bool) -> None:
         from ray.exceptions import RayActorError
 
         try:
-            answers = await _remote(self.actor.submit_many.remote([(t, op, p, pr) for op, p, pr, _, t in batch]))
+            answers = await _remote(self.actor.submit_many.remote(
+                [(r.token, r.op, r.payload, r.priority) for r in batch]))
         except RayActorError as exc:
-            again = [b for b in batch if b[0] in IDEMPOTENT_OPS] if retry else []
-            for op, _, _, future, _ in batch:
-                if not future.done() and not (retry and op in IDEMPOTENT_OPS):
-                    future.set_exception(exc)
+            again = [r for r in batch if r.op in IDEMPOTENT_OPS] if retry else []
+            for r in batch:
+                if not r.future.done() and not (retry and r.op in IDEMPOTENT_OPS):
+                    r.future.set_exception(exc)
             if again:
                 log.warning("engine %s died (%s); retrying %d idempotent request(s) once on the restarted actor",
                             self.name, exc, len(again))
                 try:
                     await self._wait_until_alive()
                 except RayActorError as still_down:
-                    for _, _, _, future, _ in again:
-                        if not future.done():
-                            future.set_exception(still_down)
+                    for r in again:
+                        if not r.future.done():
+                            r.future.set_exception(still_down)
                     return
-                await self._send([b for b in again if not b[3].done()], retry=False)
+                await self._send([r for r in again if not r.future.done()], retry=False)
             return
         except asyncio.CancelledError:  # close(): _send answers the callers
             raise
         except BaseException as exc:
-            for _, _, _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, _, _, future, _), (ok, value) in zip(batch, answers):
-            if not future.done():
-                future.set_result(value) if ok else future.set_exception(value)
+        for r, (ok, value) in zip(batch, answers):
+            if not r.future.done():
+                r.future.set_result(value) if ok else r.future.set_exception(value)
 
     async def _wait_until_alive(self, timeout_s: float = RESTART_WAIT_S) -> None:
         """Until Ray has restarted the actor: a call made while it restarts fails at once

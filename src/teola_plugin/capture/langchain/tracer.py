@@ -124,11 +124,6 @@ class LangChainTrace:
         return feed
 
 
-def single_output(value: Any) -> Any:
-    """Protect a value from the opaque handler's unpacking of ``{"out": ...}`` results."""
-    return {OUT: value} if isinstance(value, Mapping) and set(value) == {OUT} else value
-
-
 def component_name(runnable: Any) -> str:
     get_name = getattr(runnable, "get_name", None)
     return get_name() if callable(get_name) else type(runnable).__name__
@@ -226,7 +221,7 @@ class LangChainTracer:
         invoke, ainvoke = runnable.invoke, runnable.ainvoke
 
         async def call_unchanged(input: Any) -> Any:
-            return single_output(await as_the_chain_calls(invoke, ainvoke, input))
+            return await as_the_chain_calls(invoke, ainvoke, input)
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
@@ -262,7 +257,7 @@ class LangChainTracer:
         inputs = {k: self.materialise(v) for k, v in record.fields}
 
         async def build_dict(**fields: Any) -> Any:
-            return single_output({k: fields[k] for k in keys})
+            return {k: fields[k] for k in keys}
 
         prim = self.add(Op.OPAQUE, name="dict", inputs=inputs, outputs=[OUT],
                         attrs={"fn": build_dict, "pure": True}, origin="RunnableParallel")

@@ -26,7 +26,7 @@ from ....ir.ops import Op
 from ..calls import as_the_chain_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..protocols import LowerableLanguageModel
-from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering, single_output
+from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
 from .models import add_llm_call
 from .prompts import template_variables
@@ -69,7 +69,7 @@ def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
         # As EnsembleRetriever.rank_fusion: str results become Documents, then its own fusion.
         doc_lists = [[Document(page_content=d) if isinstance(d, str) else d for d in ranked[f"in{i}"]]
                      for i in range(len(ranked))]
-        return single_output(fuse_ranks(doc_lists))
+        return fuse_ranks(doc_lists)
 
     prim = t.add(Op.OPAQUE, name="rank_fusion", inputs=inputs, outputs=[OUT], origin=component_name(ensemble),
                  attrs={"fn": fuse, "pure": True})
@@ -111,7 +111,7 @@ def lower_compression(t: LangChainTracer, retriever: Any, value: Value) -> Value
 
 def _async(fn: Any) -> Any:
     async def run(**kwargs: Any) -> Any:
-        return single_output(fn(**kwargs))
+        return fn(**kwargs)
 
     return run
 

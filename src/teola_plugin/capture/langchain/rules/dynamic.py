@@ -32,7 +32,7 @@ from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.handlers import Expansion
 from ..calls import as_the_chain_calls
-from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering, single_output
+from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering
 from ..values import Traced, Value
 
 RESULT = "output"  # the output of a sub-plan graph
@@ -73,7 +73,7 @@ def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Valu
 
     async def run_each(input: Any) -> Any:
         if not _is_element_list(input):  # RunnableEach's own handling (and error) of the rest
-            return single_output(await as_the_chain_calls(invoke, ainvoke, input))
+            return await as_the_chain_calls(invoke, ainvoke, input)
         if not input:
             return []
         return await expand_each(planner, bound, list(input), origin)
@@ -105,7 +105,7 @@ def _lower_pipelined_each(t: LangChainTracer, each: RunnableEachBase, value: Tra
 
     async def finish(answers: list[Any], items: list[str], elements: list[str]) -> Any:
         if list(elements) == list(items):
-            return single_output(list(answers))
+            return list(answers)
         if not elements:
             return []
         return await expand_each(planner, bound, list(elements), origin)  # the parser's own list

@@ -15,7 +15,7 @@ from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListO
                                            MarkdownListOutputParser, NumberedListOutputParser)
 
 from ....ir.ops import Op
-from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering, single_output
+from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, Traced, Value
 
 LOWERED: set[type] = {JsonOutputParser, CommaSeparatedListOutputParser, NumberedListOutputParser,
@@ -37,7 +37,7 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     parse = parser.parse
 
     async def parse_output(text: str) -> Any:
-        return single_output(parse(text))
+        return parse(text)
 
     name = component_name(parser)
     prim = t.add(Op.OPAQUE, name="parse", inputs={"text": text.ref}, outputs=[OUT], origin=name,
