@@ -316,7 +316,6 @@ class IdleFlusher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self._busy = threading.Event()  # set while a flush runs
         self._backoff: dict[int, float] = {}  # state id -> wait after its last failure
 
     def wake(self) -> None:
@@ -359,19 +358,16 @@ class IdleFlusher:
                     if ready:
                         break
                     self._cond.wait(wait)
-                self._busy.set()
-            try:
-                for state in ready:
-                    self._flush(state)
-            finally:
-                self._busy.clear()
+            for state in ready:
+                self._flush(state)
 
     def _flush(self, state: PendingIngestion) -> None:
         try:
             state.flush()
             self._backoff.pop(id(state), None)
         except Exception as exc:  # noqa: BLE001 — kept pending; the next reader gets the error
-            if self._stopped or state.handed_back:
+            if self._stopped or state.handed_back:  # LlamaIndex's own code stores them from now on
+                self._backoff.pop(id(state), None)
                 return
             wait = min(RETRY_MAX_S, 2 * self._backoff.get(id(state), state.idle_flush_s or 1.0))
             self._backoff[id(state)] = wait

@@ -26,8 +26,6 @@ from typing import Any
 from .policies import BatchPolicy, Priority
 from .requests import BatchInfo, EngineRequest
 
-__all__ = ["ADMIT", "BatchInfo", "EngineScheduler"]
-
 Runner = Callable[[str, list[Any]], Awaitable[list[Any]]]
 ADMIT = "__admit__"  # pseudo-op of stream admissions
 
