@@ -20,6 +20,7 @@ from typing import Any
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
+from .llama_index_served import ServedRequests, is_served_llm
 from .overrides import overridden
 from .vllm_identity import engine_serving, served_models
 
@@ -118,7 +119,10 @@ def engine_llm(runtime: Any, llm: Any) -> Any:
         return llm
     if type(llm).__name__ == "Vllm" and type(llm).__module__.startswith("llama_index.llms.vllm"):
         return VllmRequests.for_runtime(runtime, llm)
-    raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (use TeolaLLM)")
+    if is_served_llm(llm):
+        return ServedRequests.for_runtime(runtime, llm)
+    raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (TeolaLLM, Vllm, "
+                       "OpenAI / OpenAILike are)")
 
 
 # Vllm fields that must keep vLLM's defaults: the Teola engine request carries only the rest.

@@ -48,7 +48,7 @@ def served_models(runtime: Any) -> dict[str, ServedModel]:
 
     out = {}
     for name, spec in getattr(runtime, "specs", {}).items():
-        if spec.kind != "llm":
+        if spec.kind != "llm" or spec.in_process:  # in-process LLM engines call model servers
             continue
         args = {**_constructor_defaults(spec), **spec.kwargs}
         out[name] = ServedModel(str(args.get("model") or default_model_dir()), str(args.get("dtype") or "auto"),

@@ -21,12 +21,12 @@ import itertools
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import EngineInputError, ModelLoadError, ModelNotFoundError
 from .base import Engine, lone_surrogate
+from .generation import Generation, GenerationDelta, PrefillResult
 
 Prompt = str | Sequence[Mapping[str, str]]  # text, or chat messages [{"role", "content"}]
 
@@ -50,36 +50,6 @@ def _validation_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         pass
     return tuple(found)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A finished request."""
-
-    request_id: str
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None  # "stop", "length", "abort"
-    num_prompt_tokens: int
-    num_cached_tokens: int  # prompt tokens served from the prefix cache
-
-
-@dataclass(frozen=True)
-class GenerationDelta:
-    """One step of a streamed request: the new text since the last delta."""
-
-    request_id: str
-    text: str
-    num_generated_tokens: int
-    finished: bool
-    finish_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    request_id: str
-    num_prompt_tokens: int
-    num_cached_tokens: int
 
 
 class VLLMEngine(Engine):

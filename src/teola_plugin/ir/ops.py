@@ -111,8 +111,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
         # a data edge on a SIGNAL, so no pass mistakes it for a removable module-order wait.
         _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL}, {"state": T.LLM_STATE}, "llm",
               batchable=True, optional_inputs=("prefix",), doc="prefill the full prompt"),
-        _spec(Op.LLM_DECODE, {"state": T.LLM_STATE}, {"text": T.TEXT, "items": T.TEXTS}, "llm",
-              streamable=True, doc="generate; attrs['parse'] splits the text into items"),
+        _spec(Op.LLM_DECODE, {"state": T.LLM_STATE}, {"text": T.TEXT, "items": T.TEXTS, "response": T.ANY}, "llm",
+              streamable=True, doc="generate; attrs['parse'] splits the text into items; 'response' is a "
+                                   "model server's reply (None in-process)"),
         _spec(Op.AGGREGATE, {}, {"out": T.ANY}, "cpu", variadic_inputs=True,
               doc="merge inputs (attrs['mode']: concat, union, topk, rrf, join, pick, list)"),
         # Impure by default: we cannot see inside; attrs['pure']=True opts in.

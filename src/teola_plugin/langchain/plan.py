@@ -93,6 +93,10 @@ class SubPlans:
                 self._plans.popitem(last=False)
         return plan
 
+    def served_engine(self, endpoint: Any) -> str:
+        """The runtime's engine for a model server (``ServerEndpoint``), configured on first use."""
+        return self.runtime.served_engine(endpoint)
+
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         """Called by an expanding primitive on the runtime loop; tracing runs off the loop."""
         layout = InputLayout.of(input)

@@ -8,6 +8,8 @@ engine specs:
   (``device="cuda[:N]"``) has hardware of its own: group ``gpu:<engine>``;
 * a CPU engine pinned with custom Ray resources (``resources={"node_a": 1}``) shares the
   CPUs of whatever else is pinned with the same resources: ``cpu:<resource names>``;
+* an engine calling a model server (``engines/llm_served.py``) is the server's hardware:
+  ``server:<url>``, unless the server runs on this host, where it shares the cores;
 * every other CPU engine, the engines served in-process (``add_local_engine``) and the
   graph's own CPU steps (format, aggregate, opaque framework code) share this host's cores:
   ``cpu:host``. On a multi-node Ray cluster, pin CPU engines with resources to tell the
@@ -25,6 +27,11 @@ HOST_CPU = "cpu:host"
 
 
 def spec_group(spec: EngineSpec) -> str:
+    base_url = spec.kwargs.get("base_url")
+    if base_url is not None:  # a model server: its own hardware unless it runs on this host
+        from ..engines.llm_served import ServerEndpoint
+
+        return HOST_CPU if ServerEndpoint(str(base_url)).is_local() else f"server:{base_url}"
     device = str(spec.kwargs.get("device", "cpu"))
     if spec.num_gpus > 0 or device.startswith("cuda"):
         return f"gpu:{spec.name}"

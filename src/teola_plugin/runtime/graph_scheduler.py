@@ -24,7 +24,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigError, QueryTimeoutError
@@ -110,6 +110,7 @@ class GraphRun:
         on_token: Callable[[str], None] | None = None,
         token_nodes: frozenset[str] = frozenset(),
         arrival: float | None = None,
+        start_engines: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
         missing = set(graph.inputs) - set(inputs)
         if missing:
@@ -117,6 +118,7 @@ class GraphRun:
         self.graph = graph
         self.inputs = dict(inputs)
         self.engines = engines
+        self.start_engines = start_engines  # for engines first named by a graph expanded at run time
         self.cost = cost
         self.timeline = timeline
         self.handlers = handlers or PrimitiveHandlers()
@@ -262,8 +264,12 @@ class GraphRun:
         # If this node's text is what the caller streams, so is the text of the sub-graph
         # nodes that produce its outputs (e.g. the last refine step).
         streamed = prim.name in self.token_nodes
+        needed = {p.engine for p in expansion.graph.nodes if p.kind != "cpu"}
+        if needed and self.start_engines is not None:  # a no-op for started ones
+            await self.start_engines(*sorted(needed))
         child = GraphRun(
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
+            start_engines=self.start_engines,
             handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
                          else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),

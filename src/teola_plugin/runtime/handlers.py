@@ -122,8 +122,11 @@ class PrimitiveHandlers:
         return {"done": True}
 
     async def llm_prefill(self, prim, inputs, ctx):
-        # The framework's own sampling params when the lowering captured them; else greedy.
-        params = prim.attrs.get("sampling_params") or {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
+        # The framework's own sampling params when the lowering captured them (a served model's
+        # are in its request body: no overrides, {}); else greedy.
+        params = prim.attrs.get("sampling_params")
+        if params is None:
+            params = {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
         opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(opened.info)
         return {"state": LLMState(prim.engine, opened.sid, list(opened.first), opened.finished)}
@@ -135,10 +138,12 @@ class PrimitiveHandlers:
         # A pipelined decode feeds its region every item, each as soon as it is complete
         # (a line: at its line break; a JSON list's: at the end), and in order.
         stream_items = bool(prim.attrs.get("stream_items")) and parse is not None
-        text, emitted = "", 0
+        text, emitted, response = "", 0, None
 
-        def on_text(delta: str) -> None:
-            nonlocal text, emitted
+        def on_text(delta: Any) -> None:
+            nonlocal text, emitted, response
+            response = getattr(delta, "response", None) or response
+            delta = delta.text
             text += delta
             ctx.emit_token(delta)
             if stream_items:
@@ -148,15 +153,15 @@ class PrimitiveHandlers:
                 emitted = len(complete)
 
         for delta in state.first:
-            on_text(delta.text)
+            on_text(delta)
         if not state.finished:
             async for delta in ctx.resume_stream(state.stream_id):
-                on_text(delta.text)
+                on_text(delta)
         items = semantics.parse_items(text, parse) if parse else []
         if stream_items:
             for item in items[emitted:]:  # the last line (no line break after it), a JSON list's all
                 ctx.emit_item(item)
-        return {"text": text, "items": items}
+        return {"text": text, "items": items, "response": response}
 
     async def aggregate(self, prim, inputs, ctx):
         return {"out": semantics.aggregate(prim.attrs, inputs)}

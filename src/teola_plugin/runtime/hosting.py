@@ -49,6 +49,7 @@ class EngineSpec:
     num_gpus: float = 0.0
     resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources (placement)
     threads: int | None = None  # CPU threads for the engine's math libraries; None = all cores
+    in_process: bool = False  # hosted in the driver's event loop whatever the runtime's hosting
 
     def __post_init__(self) -> None:
         if ":" not in self.factory:

@@ -309,7 +309,7 @@ class Runtime:
     async def _start_pool(self, name: str) -> None:
         spec = self.specs[name]
         handles: list[EngineHandle]
-        if self.hosting == "ray":
+        if self.hosting == "ray" and not spec.in_process:
             from .ray_hosting import RayHandle
 
             handles = [RayHandle(spec, i) for i in range(spec.replicas)]
@@ -407,6 +407,15 @@ class Runtime:
                     self.drop_local_engine_with(owner, name)
         return self._pools[name]
 
+    def served_engine(self, endpoint: Any) -> str:
+        """The name of the engine that sends requests to ``endpoint`` (a
+        :class:`~teola_plugin.engines.llm_served.ServerEndpoint`), configured on first use.
+        Only its spec is added here: it starts with the first query that needs it."""
+        spec = endpoint.engine_spec()
+        with self._start_lock:
+            self.specs.setdefault(spec.name, spec)
+        return spec.name
+
     def shared_local_engine(self, name: str, make: Callable[[], Any], owner: Any = None) -> Any:
         """The engine object this runtime serves (or will serve) in-process as ``name``, built
         by ``make()`` the first time. An engine wrapping a user's object (a LlamaIndex vector
@@ -498,7 +507,7 @@ class Runtime:
         left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
-                       on_token=on_token, token_nodes=token_nodes)
+                       on_token=on_token, token_nodes=token_nodes, start_engines=self.start_engines)
         try:
             return await run.run()
         except QueryTimeoutError as exc:

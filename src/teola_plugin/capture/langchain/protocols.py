@@ -28,6 +28,10 @@ class LLMCallSpec:
     sampling_params: Mapping[str, Any] = field(default_factory=dict)
     returns_message: bool = False  # chat model: the result is an AIMessage
     string_prompts: bool = True
+    # A served model's own conversion of the server's reply into its ChatResult / LLMResult
+    # (usage, ids, finish reason, as its invoke returns them); None: only the text is known.
+    to_result: Callable[[Any], Any] | None = None
+    max_tokens: int | None = None  # for the cost model when the sampling parameters do not say
 
 
 @runtime_checkable

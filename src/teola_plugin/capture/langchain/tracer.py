@@ -141,6 +141,10 @@ class SubPlanner(Protocol):
         graph's output ``"output"`` is ``runnable.invoke(input)``."""
         ...
 
+    def served_engine(self, endpoint: Any) -> str:
+        """The engine name that sends a model server's requests (``ServerEndpoint``)."""
+        ...
+
 
 class TraceOnlyPlanner:
     """Trace without optimizing or serving stores (tracing tools, tests of the lowering)."""
@@ -151,6 +155,9 @@ class TraceOnlyPlanner:
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
         return trace.graph, trace.feed(input), text_tokens(trace.output)
+
+    def served_engine(self, endpoint: Any) -> str:
+        return endpoint.engine_name()  # nothing runs: the name alone
 
 
 class LangChainTracer:
@@ -266,10 +273,11 @@ class LangChainTracer:
     def _build_message(self, reply: ChatReply) -> Ref:
         from langchain_core.messages import AIMessage
 
-        async def build_message(text: str) -> Any:
-            return AIMessage(content=text)
+        async def build_message(text: str, message: Any = None) -> Any:
+            return message if message is not None else AIMessage(content=text)
 
-        prim = self.add(Op.OPAQUE, name="ai_message", inputs={"text": reply.text.ref}, outputs=[OUT],
+        inputs = {"text": reply.text.ref} if reply.message is None else {"text": reply.text.ref, "message": reply.message}
+        prim = self.add(Op.OPAQUE, name="ai_message", inputs=inputs, outputs=[OUT],
                         attrs={"fn": build_message, "pure": True}, origin="ChatModel")
         return prim.out(OUT)
 

@@ -62,9 +62,12 @@ class PendingPrompt:
 
 @dataclass(frozen=True)
 class ChatReply:
-    """An ``AIMessage`` whose content is ``text`` (built only where someone needs the message)."""
+    """An ``AIMessage`` whose content is ``text`` (built only where someone needs the message).
+    ``message``: the model's own message at run time (a served model's, with its usage and
+    ids), else the message is ``AIMessage(content=text)``."""
 
     text: Traced
+    message: Ref | None = None
 
 
 Value = Union[Traced, Record, PendingPrompt, ChatReply]

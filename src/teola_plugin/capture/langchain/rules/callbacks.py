@@ -4,8 +4,8 @@ A lowered call never runs the model's ``invoke``, so the handlers in the caller'
 (LangChain's config context reaches the primitives: the runtime copies the caller's
 context) would not hear of it. Two CPU primitives stand in: ``llm_start`` fires
 ``on_chat_model_start`` / ``on_llm_start`` with the prompt the engine receives, as soon
-as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text and
-passes the text on. Without callbacks both return at once. Token callbacks
+as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text (a served
+model: its own result, from the server's reply) and passes the text and the reply message on. Without callbacks both return at once. Token callbacks
 (``on_llm_new_token``) and ``on_llm_error`` are not reported.
 """
 
@@ -14,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import uuid
+
 from langchain_core.callbacks import CallbackManager
+from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
 from langchain_core.messages import AIMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
+from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 from langchain_core.runnables.config import ensure_config
 
 from ....runtime.framework_threads import in_framework_thread
@@ -35,6 +39,17 @@ def _callback_manager(model: Any, stop: list[str] | None) -> CallbackManager | N
         pass
     return CallbackManager.configure(config.get("callbacks"), model_callbacks, verbose, config.get("tags"),
                                      getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
+
+
+def _invoke_message(result: Any, run: Any) -> Any:
+    """The message ``invoke`` returns for ``result``: BaseChatModel's own post-processing
+    (the result's llm_output and generation info in ``response_metadata``, a run id)."""
+    generation = result.generations[0]
+    message = generation.message
+    message.response_metadata = {**(result.llm_output or {}), **_gen_info_and_msg_metadata(generation)}
+    if message.id is None:
+        message.id = f"{LC_ID_PREFIX}-{run.run_id if run is not None else uuid.uuid4()}-0"
+    return message
 
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tuple[Callable, Callable]:
@@ -63,10 +78,15 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
 
         return await in_framework_thread(start)
 
-    async def report_end(run: Any, text: str) -> str:
-        if run is not None:
+    async def report_end(run: Any, text: str, response: Any = None) -> dict[str, Any]:
+        if spec.to_result is not None and response is not None:  # a served model: its own result
+            result = spec.to_result(response)
+            message = _invoke_message(result, run)
+        else:
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
-            await in_framework_thread(run.on_llm_end, LLMResult(generations=[[generation]]))
-        return text
+            result, message = LLMResult(generations=[[generation]]), None
+        if run is not None:
+            await in_framework_thread(run.on_llm_end, result)
+        return {"text": text, "message": message}
 
     return report_start, report_end

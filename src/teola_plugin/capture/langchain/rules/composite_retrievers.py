@@ -52,7 +52,7 @@ def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
     if not (isinstance(value, Traced) and value.kind is Kind.TEXT):
         raise CannotLower("the query is not known to be a str")
     variables = template_variables(prompt, Record.of({"question": value}))
-    decode, _, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
+    decode, _, _, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
                                 parse="lines", est_items=3)
     lists = search_lists(t, mq.retriever, decode.out("items"), 3)
     union = t.add(Op.AGGREGATE, name="unique_union", inputs={"in0": lists},

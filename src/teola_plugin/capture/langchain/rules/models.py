@@ -10,12 +10,13 @@ the decoded text.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.runnables import RunnableBinding
 
-from ....ir.node import Primitive
+from ....ir.node import Primitive, Ref
 from ....ir.ops import Op
 from ...overrides import overridden
 from ..protocols import LLMCallSpec, LowerableLanguageModel
@@ -24,6 +25,7 @@ from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
 from .prompts import literal_parts
+from .served import is_served_model, served_call_spec
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_VARIABLE = 64  # a cost-model guess for text that arrives at run time
@@ -85,19 +87,22 @@ def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> 
         params = {k: v for k, v in spec.sampling_params.items() if k != "stop"}
         if stop:  # an explicit stop replaces the model's own (an empty one clears it)
             params["stop"] = list(stop)
-        return LLMCallSpec(spec.engine, spec.to_engine_prompt, params, spec.returns_message, spec.string_prompts)
+        return replace(spec, sampling_params=params)
+    if is_served_model(model):
+        return served_call_spec(model, t.planner.served_engine, stop)
     return foreign_call_spec(model, t.engine_models, stop)
 
 
 def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None = None,
-                 **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced]:
+                 **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced, Ref]:
     """format -> llm_prefill -> llm_decode for ``model`` on ``value``; returns the decode,
-    the call spec and the reply text (after the callback report)."""
+    the call spec, the reply text (after the callback report) and the reply message (the
+    model's own, from a served model's reply; else None at run time)."""
     spec = call_spec(t, model, stop)
     origin = component_name(model)
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
     params = dict(spec.sampling_params)
-    max_tokens = int(params.get("max_tokens", 256))
+    max_tokens = int(spec.max_tokens or params.get("max_tokens", 256))
     report_start, report_end = call_reporters(model, spec, stop)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
@@ -106,14 +111,17 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
                            "est_prompt_tokens": est_tokens}, origin=origin)
     decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
                    attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
-    ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text")},
-                  attrs={"fn": report_end}, origin=origin, outputs=["text"])
-    return decode, spec, Traced(ended.out("text"), Kind.TEXT, tokens_from=decode.name)
+    ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
+                                                     "response": decode.out("response")},
+                  attrs={"fn": report_end}, origin=origin, outputs=["text", "message"])
+    return decode, spec, Traced(ended.out("text"), Kind.TEXT, tokens_from=decode.name), ended.out("message")
 
 
 def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None) -> Value:
-    _, spec, text = add_llm_call(t, model, value, stop)
-    return ChatReply(text) if spec.returns_message else text
+    _, spec, text, message = add_llm_call(t, model, value, stop)
+    if not spec.returns_message:
+        return text
+    return ChatReply(text, message if spec.to_result is not None else None)
 
 
 @lowering(BaseLanguageModel)

@@ -1,0 +1,101 @@
+"""LlamaIndex ``OpenAI`` / ``OpenAILike`` LLMs, answered by a served engine on their server.
+
+The request of each lowered call is the body the model's own ``predict`` / ``complete``
+would send, built by its own code: ``_get_messages`` / ``_get_prompt`` for the prompt,
+``to_openai_message_dicts`` for chat messages, ``_get_model_kwargs`` (and
+``_update_max_tokens`` for completions) for everything else, ``stream=False``. The engine
+sends it with the same SDK and client settings, so the server sees the same request, and
+the answer is the same text ``predict`` returns (after the model's output parser).
+
+Only these exact classes are lowered (a subclass may change how a request is built), and
+not when their requests carry what ``predict`` could not return the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .served_models import UnreproducibleClient, server_endpoint
+
+DEFAULT_MAX_TOKENS = 256  # the cost model's guess when the model leaves max_tokens to the server
+
+
+def served_llm_classes() -> tuple[type, ...]:
+    found: list[type] = []
+    try:
+        from llama_index.llms.openai import OpenAI
+
+        found.append(OpenAI)
+    except ImportError:
+        pass
+    try:
+        from llama_index.llms.openai_like import OpenAILike
+
+        found.append(OpenAILike)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def is_served_llm(llm: Any) -> bool:
+    return type(llm) in served_llm_classes()
+
+
+class ServedRequests:
+    """The engine requests of one LlamaIndex ``OpenAI`` / ``OpenAILike`` object (the
+    tracer's ``EngineBackedLLM``: prompt, sampling parameters, output parsing)."""
+
+    def __init__(self, runtime: Any, llm: Any, engine: str) -> None:
+        self.runtime = runtime
+        self.llm = llm
+        self.engine_name = engine
+        self.max_tokens = llm.max_tokens or DEFAULT_MAX_TOKENS
+        self.output_parser = llm.output_parser
+
+    @classmethod
+    def for_runtime(cls, runtime: Any, llm: Any) -> ServedRequests:
+        from .llama_index import NotLowerable
+
+        name = type(llm).__name__
+        if getattr(llm, "modalities", None) and "audio" in llm.modalities:
+            raise NotLowerable(f"{name} with audio modalities")
+        try:
+            endpoint = server_endpoint(**llm._get_credential_kwargs(is_async=True))
+        except UnreproducibleClient as exc:
+            raise NotLowerable(f"{name}: {exc}") from None
+        return cls(runtime, llm, runtime.served_engine(endpoint))
+
+    def sampling_params(self, **overrides: Any) -> dict[str, Any]:
+        return {}  # the model's own are in the request body
+
+    def engine_prompt(self, template: Any, /, **prompt_args: Any) -> dict[str, Any]:
+        """The body ``llm.predict(template, **prompt_args)`` sends."""
+        llm = self.llm
+        if llm.metadata.is_chat_model:
+            return self._chat_body(llm._get_messages(template, **prompt_args))
+        return self._completion_body(llm._get_prompt(template, **prompt_args))
+
+    def completion_prompt(self, prompt: str) -> dict[str, Any]:
+        """The body ``llm.complete(prompt)`` sends."""
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        llm = self.llm
+        if type(llm).__name__ == "OpenAILike":  # its complete() formats an unformatted prompt
+            prompt = llm.completion_to_prompt(prompt)
+        if llm._use_chat_completions({}):
+            return self._chat_body([ChatMessage(role=MessageRole.USER, content=prompt)])
+        return self._completion_body(prompt)
+
+    def _chat_body(self, messages: Any) -> dict[str, Any]:
+        from llama_index.llms.openai.utils import to_openai_message_dicts
+
+        return {"messages": to_openai_message_dicts(messages, model=self.llm.model), "stream": False,
+                **self.llm._get_model_kwargs()}
+
+    def _completion_body(self, prompt: str) -> dict[str, Any]:
+        kwargs = self.llm._get_model_kwargs()
+        self.llm._update_max_tokens(kwargs, prompt)
+        return {"prompt": prompt, "stream": False, **kwargs}
+
+    def parse_output(self, text: str) -> str:
+        return self.llm._parse_output(text)

@@ -1,0 +1,44 @@
+"""What an LLM engine returns, whether it runs vLLM in-process or calls a model server.
+
+The graph's ``llm_prefill`` / ``llm_decode`` handlers read only these records, so both
+kinds of LLM engine are scheduled, pipelined and timed alike. ``response`` is set by engines
+that call a server: the server's own reply (an ``openai`` SDK object), from which a framework
+builds its own result types (usage, ids, finish reasons) exactly as its client would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished request."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None  # "stop", "length", "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    response: Any = None  # the server's reply (served models); None in-process
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """One step of a streamed request: the new text since the last delta."""
+
+    request_id: str
+    text: str
+    num_generated_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+    response: Any = None  # on the last delta of a served model's request: the server's reply
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    request_id: str
+    num_prompt_tokens: int
+    num_cached_tokens: int

@@ -1,0 +1,225 @@
+"""The LLM engine for a model server users already run: any OpenAI-compatible HTTP API
+(vLLM's ``vllm.entrypoints.openai.api_server``, SGLang, Ollama, a hosted endpoint).
+
+It offers the operations of the in-process vLLM engine (``generate``, ``stream``,
+``prefill``, ``abort`` by closing a stream), so the graph scheduler, the engine scheduler and
+timelines treat both alike. What differs is the prompt: here it is the *request body the
+framework's own client would send* (``{"model", "messages" | "prompt", "temperature",
+...}``), built by the framework's own code at trace time (``capture/served_models.py``), so
+a Teola run sends the server exactly what plain LlamaIndex / LangChain send. Per-request
+``params`` are overrides only (``prefill`` caps the tokens at one); the framework's own
+sampling fields are already in the body.
+
+Requests go through the ``openai`` SDK the frameworks use themselves, configured as the
+user's model object configures its client (base URL, key, headers, query, timeout,
+retries), so failures reach the caller as the exception types plain raises
+(``openai.BadRequestError``, ``APIConnectionError``, ``APITimeoutError``...), with a note
+naming the server and the request. The reply object comes back with the text
+(``Generation.response``) for the framework to build its own result types from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import EngineInputError
+from .base import Engine
+from .generation import Generation, GenerationDelta, PrefillResult
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
+FACTORY = "teola_plugin.engines.llm_served:OpenAICompatibleEngine"
+
+
+@dataclass(frozen=True)
+class ServerEndpoint:
+    """How a framework model's client reaches its server: one served engine per endpoint.
+
+    Read from the user's model object (``capture/served_models.py``); the same endpoint in
+    several model objects (e.g. a chat model and a fusion retriever's LLM) is one engine, so
+    their requests share one engine scheduler and one connection pool."""
+
+    base_url: str
+    api_key: str = field(default="EMPTY", repr=False)  # a secret: never in logs or names
+    organization: str | None = None
+    default_headers: tuple[tuple[str, str], ...] = ()
+    default_query: tuple[tuple[str, Any], ...] = ()
+    timeout: float | None = None  # None: the SDK's default (600 s)
+    max_retries: int = 2
+
+    def engine_name(self) -> str:
+        """A stable, readable engine name: the server's address plus a digest of the rest."""
+        parts = urlsplit(self.base_url)
+        digest = hashlib.sha256(json.dumps([self.base_url, self.api_key, self.organization, self.default_headers,
+                                            self.default_query, self.timeout, self.max_retries],
+                                           default=str).encode()).hexdigest()[:8]
+        return f"served:{parts.netloc or self.base_url}{parts.path.rstrip('/')}#{digest}"
+
+    def is_local(self) -> bool:
+        """The server runs on this machine (it shares the cores of the local engines)."""
+        return (urlsplit(self.base_url).hostname or "") in LOOPBACK_HOSTS
+
+    def engine_spec(self) -> Any:
+        """The runtime's spec of this endpoint's engine: hosted in the driver's event loop
+        (an HTTP client: nothing for Ray to place), one replica (the server replicates)."""
+        from ..runtime.hosting import EngineSpec
+
+        return EngineSpec(self.engine_name(), FACTORY, self.engine_kwargs(), kind="llm", in_process=True)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The engine's constructor arguments (plain values: an EngineSpec pickles them)."""
+        return {"base_url": self.base_url, "api_key": self.api_key, "organization": self.organization,
+                "default_headers": dict(self.default_headers), "default_query": dict(self.default_query),
+                "timeout": self.timeout, "max_retries": self.max_retries}
+
+
+class OpenAICompatibleEngine(Engine):
+    """An OpenAI-compatible model server, reached through the ``openai`` SDK's async client."""
+
+    kind = "llm"
+
+    def __init__(self, base_url: str, name: str | None = None, *, api_key: str = "EMPTY",
+                 organization: str | None = None, default_headers: Mapping[str, str] | None = None,
+                 default_query: Mapping[str, Any] | None = None, timeout: float | None = None,
+                 max_retries: int = 2) -> None:
+        super().__init__(name)
+        self.base_url = base_url
+        self._api_key = api_key
+        self.organization = organization
+        self.default_headers = dict(default_headers or {})
+        self.default_query = dict(default_query or {})
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self._client: Any = None
+        self._ids = itertools.count()
+
+    # -- lifecycle: a client, not a model (nothing to load; the server may start later) ------
+    async def _load(self) -> None:
+        import openai
+
+        kwargs: dict[str, Any] = {"api_key": self._api_key, "base_url": self.base_url,
+                                  "organization": self.organization, "max_retries": self.max_retries,
+                                  "default_headers": self.default_headers or None,
+                                  "default_query": self.default_query or None}
+        if self.timeout is not None:
+            kwargs["timeout"] = self.timeout
+        self._client = openai.AsyncOpenAI(**kwargs)
+
+    async def _unload(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "base_url": self.base_url, "served": True}
+
+    # -- requests ----------------------------------------------------------------------------
+    def _body(self, prompt: Any, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        if not isinstance(prompt, Mapping) or not ({"messages", "prompt"} & prompt.keys()):
+            raise EngineInputError(
+                f"engine {self.name!r} serves OpenAI-compatible requests: the prompt must be a request body "
+                f"with 'messages' (chat) or 'prompt' (completion), got {type(prompt).__name__}")
+        return {**prompt, **dict(params or {})}
+
+    async def _create(self, body: dict[str, Any], request_id: str) -> Any:
+        self._require_started()
+        api = self._client.chat.completions if "messages" in body else self._client.completions
+        try:
+            return await api.create(**body)
+        except Exception as exc:
+            exc.add_note(f"(Teola: model server {self.base_url}, request {request_id})")
+            raise
+
+    def _new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:8]}-{next(self._ids)}"
+
+    async def generate(self, prompt: Any, params: Mapping[str, Any] | None = None,
+                       request_id: str | None = None) -> Generation:
+        """One request, sent as the framework's client sends it; the reply is kept."""
+        rid = request_id or self._new_request_id("gen")
+        response = await self._create(self._body(prompt, params), rid)
+        return _generation(rid, response)
+
+    async def stream(self, prompt: Any, params: Mapping[str, Any] | None = None,
+                     request_id: str | None = None) -> AsyncIterator[GenerationDelta]:
+        """Deltas of one request. A body that does not ask to stream (what ``invoke`` /
+        ``predict`` send) is sent unchanged and arrives as one delta with the reply; a
+        streaming body yields the server's chunks. Closing the iterator closes the HTTP
+        stream, which aborts the request on the server."""
+        rid = request_id or self._new_request_id("gen")
+        body = self._body(prompt, params)
+        if not body.get("stream"):
+            generation = _generation(rid, await self._create(body, rid))
+            yield GenerationDelta(rid, generation.text, _completion_tokens(generation.response), True,
+                                  generation.finish_reason, generation.response)
+            return
+        chunks = await self._create(body, rid)
+        produced, received = 0, []
+        try:
+            async for chunk in chunks:
+                received.append(chunk)
+                choice = chunk.choices[0] if chunk.choices else None
+                text = _choice_text(choice) if choice is not None else ""
+                produced += 1 if text else 0
+                reason = getattr(choice, "finish_reason", None) if choice is not None else None
+                if text or reason:
+                    yield GenerationDelta(rid, text, produced, False, reason)
+            yield GenerationDelta(rid, "", produced, True, None, tuple(received))
+        finally:
+            await chunks.close()
+
+    async def prefill(self, prompt: Any, request_id: str | None = None) -> PrefillResult:
+        """The prompt with one token to generate: the server's prefix cache keeps it."""
+        body = {k: v for k, v in self._body(prompt, None).items() if k not in ("max_completion_tokens", "stream",
+                                                                                "stream_options")}
+        rid = request_id or self._new_request_id("prefill")
+        generation = _generation(rid, await self._create({**body, "max_tokens": 1}, rid))
+        return PrefillResult(rid, generation.num_prompt_tokens, generation.num_cached_tokens)
+
+    async def abort(self, request_id: str) -> None:
+        """Requests stop when their HTTP stream closes (the engine server closes it)."""
+        return None
+
+    # -- batched entry points: the server batches continuously; concurrency is the batch ----
+    async def batch_generate(self, requests: list[dict[str, Any]]) -> list[Generation]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self.generate(**r) for r in requests)))
+
+    async def batch_prefill(self, requests: list[dict[str, Any]]) -> list[PrefillResult]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self.prefill(**r) for r in requests)))
+
+
+def _choice_text(choice: Any) -> str:
+    """A choice's text: a chat message's content, a completion's text (or their deltas)."""
+    message = getattr(choice, "message", None) or getattr(choice, "delta", None)
+    if message is not None:
+        return getattr(message, "content", None) or ""
+    return getattr(choice, "text", None) or ""
+
+
+def _completion_tokens(response: Any) -> int:
+    return int(getattr(getattr(response, "usage", None), "completion_tokens", 0) or 0)
+
+
+def _generation(request_id: str, response: Any) -> Generation:
+    choice = response.choices[0] if response.choices else None
+    usage = getattr(response, "usage", None)
+    details = getattr(usage, "prompt_tokens_details", None)
+    return Generation(
+        request_id=request_id,
+        text=_choice_text(choice) if choice is not None else "",
+        token_ids=(),
+        finish_reason=getattr(choice, "finish_reason", None),
+        num_prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        num_cached_tokens=int(getattr(details, "cached_tokens", 0) or 0),
+        response=response,
+    )
