@@ -9,8 +9,9 @@ runtime computes exactly what the reference interpreter computes.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,27 @@ def default_chunker(docs: list[Document], chunk_size: int = 1024, overlap: int =
                 break
             start, n = max(end - overlap, start + 1), n + 1
     return out
+
+
+@contextlib.contextmanager
+def framework_errors(prim: Primitive) -> Iterator[None]:
+    """An engine error as the framework's model raises it: ``attrs["raise_error"]`` is the
+    model's own translation (e.g. LangChain ChatOpenAI's ``openai.APIConnectionError`` ->
+    ``OpenAIConnectionError``), called while the error is handled; the engine's notes stay."""
+    try:
+        yield
+    except Exception as exc:
+        translate = prim.attrs.get("raise_error")
+        if translate is None:
+            raise
+        try:
+            translate(exc)
+        except Exception as translated:
+            if translated is not exc:
+                for note in getattr(exc, "__notes__", []):
+                    translated.add_note(note)
+            raise
+        raise
 
 
 class PrimitiveHandlers:
@@ -127,7 +149,8 @@ class PrimitiveHandlers:
         params = prim.attrs.get("sampling_params")
         if params is None:
             params = {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
-        opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
+        with framework_errors(prim):
+            opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(opened.info)
         return {"state": LLMState(prim.engine, opened.sid, list(opened.first), opened.finished)}
 
@@ -155,8 +178,9 @@ class PrimitiveHandlers:
         for delta in state.first:
             on_text(delta)
         if not state.finished:
-            async for delta in ctx.resume_stream(state.stream_id):
-                on_text(delta)
+            with framework_errors(prim):
+                async for delta in ctx.resume_stream(state.stream_id):
+                    on_text(delta)
         items = semantics.parse_items(text, parse) if parse else []
         if stream_items:
             for item in items[emitted:]:  # the last line (no line break after it), a JSON list's all

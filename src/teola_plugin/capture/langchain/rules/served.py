@@ -63,4 +63,16 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> 
         return model._create_chat_result(response, {})
 
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
-                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS)
+                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
+                       raise_error=raise_as_chat_openai)
+
+
+def raise_as_chat_openai(exc: BaseException) -> None:
+    """What ``ChatOpenAI._generate`` raises for its client's ``exc`` (its own handlers)."""
+    import openai
+    from langchain_openai.chat_models import base
+
+    if isinstance(exc, openai.BadRequestError):
+        base._handle_openai_bad_request(exc)
+    elif isinstance(exc, openai.APIError):
+        base._handle_openai_api_error(exc)

@@ -1,0 +1,183 @@
+"""Apps as the frameworks' docs write them, against a real vLLM OpenAI-compatible server.
+
+LlamaIndex ``OpenAILike`` (chat and completion modes) and LangChain ``ChatOpenAI`` reach the
+session's server (``tests/fixtures_served.py``) through a loopback proxy that records every
+request body. Plain and Teola runs must send the same bodies (as multisets: Teola's
+concurrent calls may arrive in another order), return the same answers and sources, and
+lower every LLM call (nothing opaque). Errors reach the caller as plain's exception types.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from llama_index.core import Document, Settings, VectorStoreIndex
+
+from teola_plugin import datasets
+from tests.fixtures_served import SERVED_NAME, free_port, model_server, recording_proxy  # noqa: F401
+from tests.test_llama_index import QUESTIONS, executor, plain_settings  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def bodies(requests: list[tuple[str, dict]]) -> list[str]:
+    return sorted(json.dumps([path, body], sort_keys=True) for path, body in requests)
+
+
+def served_engines(graph) -> set[str]:
+    return {p.engine for p in graph.nodes if p.op.value in ("llm_prefill", "llm_decode")}
+
+
+@pytest.fixture(scope="module")
+def embed_model():
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.engines.embedder import default_model_path
+
+    return HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def squad_index(embed_model):
+    docs = [Document(text=p.text, id_=p.id) for p in datasets.load_corpus("squad-xquad-en")[:12]]
+    return VectorStoreIndex.from_documents(docs, embed_model=embed_model)
+
+
+def openai_like(base_url: str, **kwargs):
+    from llama_index.llms.openai_like import OpenAILike
+
+    return OpenAILike(model=SERVED_NAME, api_base=base_url, api_key="none", temperature=0.0, max_tokens=24,
+                      **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["chat", "completion"])
+def test_openai_like_query_engine_sends_plain_requests_and_answers_alike(
+        mode, recording_proxy, squad_index, executor):
+    llm = openai_like(recording_proxy.base_url, is_chat_model=mode == "chat", context_window=2048)
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, response_mode="tree_summarize")
+    app = executor.traced(engine)
+    assert app.opaque == [], [str(n) for n in app.opaque]
+    for question in QUESTIONS[:2]:
+        plain = engine.query(question)
+        sent_plain = recording_proxy.take()
+        teola = executor.query(engine, question)
+        sent_teola = recording_proxy.take()
+        assert str(teola) == str(plain) and str(plain)
+        assert [n.node.node_id for n in teola.source_nodes] == [n.node.node_id for n in plain.source_nodes]
+        path = "/v1/chat/completions" if mode == "chat" else "/v1/completions"
+        assert sent_plain and {p for p, _ in sent_plain} == {path}
+        assert bodies(sent_teola) == bodies(sent_plain)
+    started = {name for name, spec in executor.runtime.specs.items()
+               if spec.kwargs.get("base_url") == recording_proxy.base_url and name in executor.runtime.local_engines()}
+    assert len(started) == 1 and next(iter(started)).startswith("served:127.0.0.1:")
+
+
+def test_openai_like_fusion_and_llm_rerank_are_lowered(recording_proxy, squad_index, executor):
+    from llama_index.core.postprocessor import LLMRerank
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import QueryFusionRetriever
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    fusion = QueryFusionRetriever([squad_index.as_retriever(similarity_top_k=2)], llm=llm, num_queries=3,
+                                  use_async=False)
+    plain_nodes = fusion.retrieve(QUESTIONS[0])
+    sent_plain = recording_proxy.take()
+    app = executor.traced(fusion)
+    assert app.opaque == [] and served_engines(app.graph) and all(e.startswith("served:") for e in served_engines(app.graph))
+    teola_nodes = executor.retrieve(fusion, QUESTIONS[0])
+    assert [n.node.node_id for n in teola_nodes] == [n.node.node_id for n in plain_nodes]
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+    engine = RetrieverQueryEngine.from_args(squad_index.as_retriever(similarity_top_k=3), llm=llm,
+                                            node_postprocessors=[LLMRerank(llm=llm, top_n=2, choice_batch_size=3)])
+    assert executor.traced(engine).opaque == []
+    plain = engine.query(QUESTIONS[1])
+    sent_plain = recording_proxy.take()
+    teola = executor.query(engine, QUESTIONS[1])
+    assert str(teola) == str(plain)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+
+def test_chat_openai_chain_returns_invokes_message(recording_proxy, runtime):
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                       max_tokens=24, stop=["\n\n"])
+    prompt = ChatPromptTemplate.from_messages([("system", "Answer in one sentence."), ("human", "{question}")])
+    chain = prompt | model
+    teola_chain = TeolaRunnable(chain, runtime=runtime)
+    assert teola_chain._plan({"question": "x"}).trace.opaque == []
+    for question in QUESTIONS[:2]:
+        plain = chain.invoke({"question": question})
+        sent_plain = recording_proxy.take()
+        teola = teola_chain.invoke({"question": question})
+        assert bodies(recording_proxy.take()) == bodies(sent_plain)
+        assert type(teola) is type(plain) and teola.content == plain.content
+        assert teola.usage_metadata == plain.usage_metadata
+        strip = lambda m: {k: v for k, v in m.response_metadata.items() if k != "id"}  # noqa: E731
+        assert strip(teola) == strip(plain) and teola.response_metadata["id"].startswith("chatcmpl-")
+        assert teola.id.startswith("lc_run--") and teola.additional_kwargs == plain.additional_kwargs
+    text_chain = prompt | model | StrOutputParser()
+    inputs = [{"question": q} for q in QUESTIONS[:3]]
+    assert TeolaRunnable(text_chain, runtime=runtime).batch(inputs) == text_chain.batch(inputs)
+
+
+def test_unreproducible_chat_openai_stays_opaque_with_the_reason(model_server, runtime):
+    import httpx
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    custom = ChatOpenAI(model=SERVED_NAME, base_url=model_server.base_url, api_key="none",
+                        http_async_client=httpx.AsyncClient(), http_client=httpx.Client())
+    (note,) = TeolaRunnable(custom, runtime=runtime)._plan("hi").trace.opaque
+    assert "http_client" in note.reason
+    streaming = ChatOpenAI(model=SERVED_NAME, base_url=model_server.base_url, api_key="none", streaming=True)
+    (note,) = TeolaRunnable(streaming, runtime=runtime)._plan("hi").trace.opaque
+    assert "streaming=True" in note.reason
+
+
+def _raised(call) -> BaseException:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 — the type is what is compared
+        return exc
+    raise AssertionError("no exception")
+
+
+@pytest.mark.parametrize("failure", ["refused", "context_too_long", "timeout"])
+def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_server, squad_index, executor, runtime):
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    base_url = f"http://127.0.0.1:{free_port()}/v1" if failure == "refused" else model_server.base_url
+    options = {"timeout": 0.5} if failure == "timeout" else {}
+    max_tokens = 1500 if failure == "timeout" else 24
+    question = QUESTIONS[0] + (" word" * 2500 if failure == "context_too_long" else "")
+    expected = {"refused": openai.APIConnectionError, "context_too_long": openai.BadRequestError,
+                "timeout": openai.APITimeoutError}[failure]
+
+    llm = openai_like(base_url, is_chat_model=True, context_window=100_000, max_retries=0, **options)
+    llm.max_tokens = max_tokens
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=1)
+    plain = _raised(lambda: engine.query(question))
+    teola = _raised(lambda: executor.query(engine, question))
+    assert isinstance(plain, expected) and type(teola) is type(plain)
+    assert any(base_url in note for note in getattr(teola, "__notes__", []))
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=base_url, api_key="none", max_tokens=max_tokens, max_retries=0,
+                       **options)
+    plain = _raised(lambda: model.invoke(question))
+    teola = _raised(lambda: TeolaRunnable(model, runtime=runtime).invoke(question))
+    assert type(teola) is type(plain)
+    # the engine serves the next query normally
+    if failure != "refused":
+        ok = openai_like(model_server.base_url, is_chat_model=True, context_window=2048)
+        assert str(executor.query(squad_index.as_query_engine(llm=ok, similarity_top_k=1), QUESTIONS[1]))
