@@ -35,3 +35,15 @@ def test_the_runtime_plans_with_its_own_hardware():
     assert [p.name for p in pm.run(naive_rag(), cost).nodes if p.op is Op.EMBED] == ["embed", "embed_1"]
     gpu = Runtime(default_engine_specs(num_gpus_llm=1)).cost_model()
     assert gpu.compute_group("llm") == "gpu:llm" and gpu.compute_group("embedder") == HOST_CPU
+
+
+def test_a_model_server_is_its_own_hardware_unless_it_runs_on_this_host():
+    from teola_plugin.engines.llm_served import ServerEndpoint
+
+    local = ServerEndpoint("http://127.0.0.1:8000/v1").engine_spec()
+    remote_endpoint = ServerEndpoint("http://gpu-box:8000/v1", api_key="sk-secret-123")
+    remote = remote_endpoint.engine_spec()
+    assert compute_groups({local.name: local, remote.name: remote}) == {
+        local.name: HOST_CPU, remote.name: "server:http://gpu-box:8000/v1"}
+    assert local.in_process and local.kind == "llm"
+    assert "sk-secret-123" not in remote.name and "sk-secret-123" not in repr(remote_endpoint)
