@@ -181,3 +181,34 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
     if failure != "refused":
         ok = openai_like(model_server.base_url, is_chat_model=True, context_window=2048)
         assert str(executor.query(squad_index.as_query_engine(llm=ok, similarity_top_k=1), QUESTIONS[1]))
+
+
+def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(recording_proxy, squad_index, executor,
+                                                                            runtime):
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                       max_tokens=24)
+    chain = ChatPromptTemplate.from_messages([("human", "{question}")]) | model | StrOutputParser()
+    question = {"question": QUESTIONS[0]}
+    plain = list(chain.stream(question))
+    sent_plain = recording_proxy.take()
+    teola = list(TeolaRunnable(chain, runtime=runtime).stream(question))
+    assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["stream"] is True
+    assert "".join(teola) == "".join(plain) and len(teola) > 1  # token by token, as plain streams
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
+    assert executor.traced(engine).opaque == []
+    plain = engine.query(QUESTIONS[1])
+    plain_tokens = list(plain.response_gen)
+    sent_plain = recording_proxy.take()
+    streamed = executor.query(engine, QUESTIONS[1])
+    tokens = list(streamed.response_gen)
+    assert type(streamed) is type(plain) and "".join(tokens) == "".join(plain_tokens) and len(tokens) > 1
+    assert [n.node.node_id for n in streamed.source_nodes] == [n.node.node_id for n in plain.source_nodes]
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)

@@ -120,7 +120,7 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
     llm = synthesizer._llm
     requests = engine_llm(tr.ctx.runtime, llm)
-    if requests is not llm and synthesizer._streaming:
+    if requests is not llm and synthesizer._streaming and not getattr(requests, "streamed_request", None):
         raise NotLowerable(f"{type(llm).__name__} cannot stream in LlamaIndex (its own code runs)")
     for flag, what in ((synthesizer._multimodal, "multimodal"),
                        (getattr(synthesizer, "_output_cls", None), "output_cls"),

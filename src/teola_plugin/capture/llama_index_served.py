@@ -51,6 +51,7 @@ class ServedRequests:
         self.engine_name = engine
         self.max_tokens = llm.max_tokens or DEFAULT_MAX_TOKENS
         self.output_parser = llm.output_parser
+        self.streamed_request = {"stream": True}  # what its stream_chat / stream_complete change
 
     @classmethod
     def for_runtime(cls, runtime: Any, llm: Any) -> ServedRequests:

@@ -224,7 +224,9 @@ def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any]
     size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
     prefill = graph.add(Op.LLM_PREFILL, inputs={"prompt": prompt.out()}, engine=llm.engine_name, origin=origin,
                         attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
-                               "est_prompt_tokens": size // CHARS_PER_TOKEN})
+                               "est_prompt_tokens": size // CHARS_PER_TOKEN,
+                               **({"streamed_request": llm.streamed_request}
+                                  if getattr(llm, "streamed_request", None) else {})})
     decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
                        attrs={"max_tokens": llm.max_tokens})
     if llm.output_parser is None:

@@ -81,8 +81,10 @@ class Interpreter:
             raise TypeError(f"{prim.op} of {prim.name} returned {type(result).__name__}, "
                             "expected a dict of output port -> value")
         result = dict(result)
-        if prim.op is Op.LLM_DECODE and "parse" in prim.attrs and "items" not in result:
-            result["items"] = semantics.parse_items(result["text"], prim.attrs["parse"])
+        if prim.op is Op.LLM_DECODE:
+            if "parse" in prim.attrs and "items" not in result:
+                result["items"] = semantics.parse_items(result["text"], prim.attrs["parse"])
+            result.setdefault("response", None)  # no model server's reply to pass on
         for port in prim.outputs:
             ref = Ref(prim.name, port)
             if ref in self._read:

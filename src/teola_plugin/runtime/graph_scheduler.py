@@ -88,6 +88,11 @@ class NodeContext:
     def emit_item(self, item: Any) -> None:
         self.run.on_item(self.prim, item)
 
+    def streams_to_caller(self) -> bool:
+        """The caller streams the tokens of a node reading this one (an LLM call it streams)."""
+        run = self.run
+        return run.on_token is not None and any(c in run.token_nodes for c in run.graph.consumers(self.prim.name))
+
     def emit_token(self, text: str) -> None:
         if self.run.on_token is not None and self.prim.name in self.run.token_nodes:
             self.run.on_token(text)

@@ -149,6 +149,9 @@ class PrimitiveHandlers:
         params = prim.attrs.get("sampling_params")
         if params is None:
             params = {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
+        streamed = prim.attrs.get("streamed_request")  # what a served model's own streaming call adds
+        if streamed and ctx.streams_to_caller():
+            params = {**params, **streamed}
         with framework_errors(prim):
             opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(opened.info)
@@ -163,12 +166,11 @@ class PrimitiveHandlers:
         stream_items = bool(prim.attrs.get("stream_items")) and parse is not None
         text, emitted, response = "", 0, None
 
-        def on_text(delta: Any) -> None:
+        def on_delta(delta: Any) -> None:
             nonlocal text, emitted, response
-            response = getattr(delta, "response", None) or response
-            delta = delta.text
-            text += delta
-            ctx.emit_token(delta)
+            response = getattr(delta, "response", None) or response  # a served model's reply, at the end
+            text += delta.text
+            ctx.emit_token(delta.text)
             if stream_items:
                 complete = semantics.complete_items(text, parse)
                 for item in complete[emitted:]:
@@ -176,11 +178,11 @@ class PrimitiveHandlers:
                 emitted = len(complete)
 
         for delta in state.first:
-            on_text(delta)
+            on_delta(delta)
         if not state.finished:
             with framework_errors(prim):
                 async for delta in ctx.resume_stream(state.stream_id):
-                    on_text(delta)
+                    on_delta(delta)
         items = semantics.parse_items(text, parse) if parse else []
         if stream_items:
             for item in items[emitted:]:  # the last line (no line break after it), a JSON list's all

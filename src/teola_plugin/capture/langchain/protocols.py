@@ -32,6 +32,8 @@ class LLMCallSpec:
     # (usage, ids, finish reason, as its invoke returns them); None: only the text is known.
     to_result: Callable[[Any], Any] | None = None
     max_tokens: int | None = None  # for the cost model when the sampling parameters do not say
+    # A served model's request overrides when the caller streams the call (``{"stream": True}``...).
+    streamed_request: Mapping[str, Any] | None = None
     # A served model's own translation of its client's errors (raises; called while handling one).
     raise_error: Callable[[BaseException], None] | None = None
 

@@ -5,23 +5,23 @@ A lowered call never runs the model's ``invoke``, so the handlers in the caller'
 context) would not hear of it. Two CPU primitives stand in: ``llm_start`` fires
 ``on_chat_model_start`` / ``on_llm_start`` with the prompt the engine receives, as soon
 as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text (a served
-model: its own result, from the server's reply) and passes the text and the reply message on. Without callbacks both return at once. Token callbacks
-(``on_llm_new_token``) and ``on_llm_error`` are not reported.
+model: its own result, from the server's reply) and passes the text and the reply message on.
+Without callbacks both return at once. Token callbacks (``on_llm_new_token``) and
+``on_llm_error`` are not reported.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
-
-import uuid
 
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
 from langchain_core.messages import AIMessage, convert_to_messages
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
-from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 from langchain_core.runnables.config import ensure_config
+from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 
 from ....runtime.framework_threads import in_framework_thread
 from ..protocols import LLMCallSpec
@@ -53,7 +53,9 @@ def _invoke_message(result: Any, run: Any) -> Any:
 
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tuple[Callable, Callable]:
-    """``(report_start(prompt) -> run manager | None, report_end(run, text) -> text)``."""
+    """``(report_start(prompt) -> run manager | None,
+    report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
+    (from a served model's reply), else None."""
     chat = spec.returns_message
 
     async def report_start(prompt: Any) -> Any:

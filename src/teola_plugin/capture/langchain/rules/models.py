@@ -106,12 +106,13 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     report_start, report_end = call_reporters(model, spec, stop)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
+    errors = {"raise_error": spec.raise_error} if spec.raise_error else {}  # the model's own error types
+    streamed = {"streamed_request": spec.streamed_request} if spec.streamed_request else {}
     prefill = t.add(Op.LLM_PREFILL, name="llm_prefill", engine=spec.engine, inputs={"prompt": fmt.out()},
                     attrs={"sampling_params": params, "max_tokens": max_tokens, "est_prompt_tokens": est_tokens,
-                           **({"raise_error": spec.raise_error} if spec.raise_error else {})}, origin=origin)
+                           **errors, **streamed}, origin=origin)
     decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
-                   attrs={"max_tokens": max_tokens, **decode_attrs,
-                          **({"raise_error": spec.raise_error} if spec.raise_error else {})}, origin=origin)
+                   attrs={"max_tokens": max_tokens, **decode_attrs, **errors}, origin=origin)
     ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
                                                      "response": decode.out("response")},
                   attrs={"fn": report_end}, origin=origin, outputs=["text", "message"])

@@ -60,11 +60,32 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> 
         return model._get_request_payload(input, stop=stop)  # what invoke(input, stop=stop) sends
 
     def to_result(response: Any) -> Any:
+        if isinstance(response, tuple):  # a streamed call: the chunks, merged as model.stream() merges them
+            return _streamed_result(model, response)
         return model._create_chat_result(response, {})
+
+    streamed = {"stream": True}  # what its _stream adds to the same payload
+    if model._should_stream_usage():
+        streamed["stream_options"] = {"include_usage": True}
 
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
                        to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
-                       raise_error=raise_as_chat_openai)
+                       raise_error=raise_as_chat_openai, streamed_request=streamed)
+
+
+def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
+    from langchain_core.messages import AIMessageChunk, message_chunk_to_message
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    merged = None
+    for chunk in chunks:
+        piece = model._convert_chunk_to_generation_chunk(chunk.model_dump(), AIMessageChunk, {})
+        if piece is not None:
+            merged = piece if merged is None else merged + piece
+    if merged is None:
+        return ChatResult(generations=[ChatGeneration(message=message_chunk_to_message(AIMessageChunk(content="")))])
+    return ChatResult(generations=[ChatGeneration(message=message_chunk_to_message(merged.message),
+                                                  generation_info=merged.generation_info)])
 
 
 def raise_as_chat_openai(exc: BaseException) -> None:
