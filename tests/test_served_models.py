@@ -212,3 +212,55 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     assert type(streamed) is type(plain) and "".join(tokens) == "".join(plain_tokens) and len(tokens) > 1
     assert [n.node.node_id for n in streamed.source_nodes] == [n.node.node_id for n in plain.source_nodes]
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+
+@pytest.mark.parametrize("embeddings_module", ["langchain_huggingface", "langchain_community.embeddings"])
+def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddings_module, recording_proxy,
+                                                                         runtime):
+    import importlib
+    import warnings
+
+    from langchain_classic.retrievers.multi_query import MultiQueryRetriever
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.langchain import TeolaRunnable
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the community class is deprecated
+        embeddings = importlib.import_module(embeddings_module).HuggingFaceEmbeddings(
+            model_name=str(default_model_path()))
+    store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:16]], embeddings)
+    retriever = store.as_retriever(search_kwargs={"k": 2})
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=24)
+    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
+
+    def format_docs(docs):
+        return "\n\n".join(d.page_content for d in docs)
+
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
+    teola = TeolaRunnable(chain, runtime=runtime)
+    graph = teola.trace(QUESTIONS[0])
+    assert {p.op.value for p in graph.nodes} >= {"embed", "vector_search", "llm_prefill", "llm_decode"}
+    assert [o.component for o in teola._plan(QUESTIONS[0]).trace.opaque] == ["format_docs"]
+    for question in QUESTIONS[:2] + ["A question\nover two lines?"]:
+        assert teola.invoke(question) == chain.invoke(question)
+    multi = MultiQueryRetriever.from_llm(retriever=retriever, llm=llm)
+    assert TeolaRunnable(multi, runtime=runtime)._plan(QUESTIONS[0]).trace.opaque == []
+    recording_proxy.take()
+    plain_docs = multi.invoke(QUESTIONS[0])
+    sent_plain = recording_proxy.take()
+    teola_docs = TeolaRunnable(multi, runtime=runtime).invoke(QUESTIONS[0])
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+    assert sorted(d.page_content for d in teola_docs) == sorted(d.page_content for d in plain_docs)
+
+    prompted = importlib.import_module(embeddings_module).HuggingFaceEmbeddings(
+        model_name=str(default_model_path()), encode_kwargs={"prompt": "query: "})
+    other = InMemoryVectorStore(prompted).as_retriever()
+    (note,) = TeolaRunnable(other, runtime=runtime)._plan("q").trace.opaque
+    assert "encode_kwargs ['prompt']" in note.reason

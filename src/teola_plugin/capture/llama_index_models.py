@@ -14,12 +14,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
+from .embedder_identity import embedder_serving
 from .llama_index_served import ServedRequests, is_served_llm
 from .overrides import overridden
 from .vllm_identity import engine_serving, served_models
@@ -55,34 +54,10 @@ def embedder_engine_for(runtime: Any, embed_model: Any) -> tuple[str | None, str
 
 
 def _huggingface_engine(runtime: Any, model: Any) -> tuple[str | None, str]:
-    from ..engines.embedder import default_model_path
-
-    specs = getattr(runtime, "specs", {})
-    name = next((n for n, s in specs.items() if s.kind == "embedder" and "SentenceTransformerEmbedder" in s.factory),
-                None)
-    if name is None:
-        return None, "the runtime has no sentence-transformers embedder engine"
-    engine_dir = Path(specs[name].kwargs.get("model_path") or default_model_path()).resolve()
-    model_dir = Path(str(model.model_name)).expanduser()
-    if not model_dir.is_dir() or model_dir.resolve() != engine_dir:
-        return None, (f"HuggingFaceEmbedding model {model.model_name!r} is not the embedder engine's "
-                      f"model ({engine_dir})")
     st_model = getattr(model, "_model", None)
-    prompts = getattr(st_model, "prompts", {}) or {}
-    if not model.normalize or prompts.get("query") or prompts.get("text"):
-        return None, "HuggingFaceEmbedding normalizes differently or adds a query instruction or a text instruction"
-    if getattr(st_model, "truncate_dim", None) is not None:
-        return None, "HuggingFaceEmbedding truncates its vectors (truncate_dim)"
-    if model.max_length != _max_seq_length(engine_dir):
-        return None, f"HuggingFaceEmbedding max_length {model.max_length} differs from the engine's"
-    return name, ""
-
-
-def _max_seq_length(model_dir: Path) -> int | None:
-    try:
-        return int(json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"])
-    except (OSError, KeyError, ValueError):
-        return None
+    return embedder_serving(getattr(runtime, "specs", {}), "HuggingFaceEmbedding", model.model_name,
+                            normalize=model.normalize, prompts=getattr(st_model, "prompts", None),
+                            truncate_dim=getattr(st_model, "truncate_dim", None), max_length=model.max_length)
 
 
 def _register_bm25() -> None:

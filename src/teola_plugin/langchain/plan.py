@@ -93,6 +93,9 @@ class SubPlans:
                 self._plans.popitem(last=False)
         return plan
 
+    def engine_specs(self) -> Mapping[str, Any]:
+        return self.runtime.specs
+
     def served_engine(self, endpoint: Any) -> str:
         """The runtime's engine for a model server (``ServerEndpoint``), configured on first use."""
         return self.runtime.served_engine(endpoint)

@@ -145,6 +145,10 @@ class SubPlanner(Protocol):
         """The engine name that sends a model server's requests (``ServerEndpoint``)."""
         ...
 
+    def engine_specs(self) -> Mapping[str, Any]:
+        """The runtime's engine specs (what each engine serves), read without starting any."""
+        ...
+
 
 class TraceOnlyPlanner:
     """Trace without optimizing or serving stores (tracing tools, tests of the lowering)."""
@@ -158,6 +162,9 @@ class TraceOnlyPlanner:
 
     def served_engine(self, endpoint: Any) -> str:
         return endpoint.engine_name()  # nothing runs: the name alone
+
+    def engine_specs(self) -> Mapping[str, Any]:
+        return {}  # no runtime: framework models are not mapped onto engines
 
 
 class LangChainTracer:

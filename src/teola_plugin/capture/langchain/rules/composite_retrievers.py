@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.documents import Document
+from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableSequence
 
 from ....ir.ops import Op
 from ..calls import as_the_chain_calls
 from ..documents import documents_to_hits, hits_to_documents
-from ..protocols import LowerableLanguageModel
 from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
 from .models import add_llm_call
@@ -42,19 +42,19 @@ def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
     chain = mq.llm_chain
     steps = chain.steps if isinstance(chain, RunnableSequence) else []
     if (len(steps) != 3 or not isinstance(steps[0], BasePromptTemplate)
-            or not isinstance(steps[1], LowerableLanguageModel)
+            or not isinstance(steps[1], BaseLanguageModel)
             or type(steps[2]) is not LineListOutputParser):
-        raise CannotLower("llm_chain is not prompt | Teola model | LineListOutputParser")
+        raise CannotLower("llm_chain is not prompt | model | LineListOutputParser")
     if mq.include_original:
         raise CannotLower("include_original=True is not lowered yet")
-    check_vector_retriever(mq.retriever)
+    embedding = check_vector_retriever(t, mq.retriever)
     prompt, model, _ = steps
     if not (isinstance(value, Traced) and value.kind is Kind.TEXT):
         raise CannotLower("the query is not known to be a str")
     variables = template_variables(prompt, Record.of({"question": value}))
     decode, _, _, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
                                 parse="lines", est_items=3)
-    lists = search_lists(t, mq.retriever, decode.out("items"), 3)
+    lists = search_lists(t, mq.retriever, embedding, decode.out("items"), 3)
     union = t.add(Op.AGGREGATE, name="unique_union", inputs={"in0": lists},
                   attrs={"mode": "union"}, origin=component_name(mq))
     return Traced(union.out(), Kind.DOCUMENTS)

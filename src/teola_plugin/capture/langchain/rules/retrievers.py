@@ -4,26 +4,86 @@ The store stays the user's object: the plan serves it as an engine (its own simi
 search by vector, exactly what the retriever calls after embedding the query), so the
 documents come back as the store returns them. Lowered only where that equivalence is
 known: ``InMemoryVectorStore`` or ``langchain_chroma.Chroma`` (whose ``similarity_search``
-is ``embed_query`` then its search by vector) with embeddings computed by a Teola engine.
+is ``embed_query`` then its search by vector) with embeddings computed by a Teola engine:
+``TeolaEmbeddings``, or ``HuggingFaceEmbeddings`` (langchain-huggingface, or the community
+one) of the embedder engine's model loaded the same way (``capture/embedder_identity.py``).
 Composite retrievers (multi-query, ensemble, contextual compression) are in
 ``composite_retrievers.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetriever
 
 from ....ir.node import Ref
 from ....ir.ops import Op
+from ...embedder_identity import embedder_serving
 from ..protocols import LowerableEmbeddings
 from ..tracer import CannotLower, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
 
 
-def check_vector_retriever(retriever: Any) -> None:
-    """Raise CannotLower unless ``retriever`` is a similarity search we can reproduce."""
+@dataclass(frozen=True)
+class EmbeddingCall:
+    """How a store's embeddings run as an ``embed`` primitive: on ``engine``, after the
+    model's own text preparation (``prepare(text) -> text``; None: the text as it is)."""
+
+    engine: str
+    prepare: Callable[[str], str] | None = None
+
+
+def embedding_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
+    """The engine computing ``embeddings.embed_query``; CannotLower when none does."""
+    if isinstance(embeddings, LowerableEmbeddings):
+        return EmbeddingCall(embeddings.teola_embedder_engine())
+    if is_huggingface_embeddings(embeddings):
+        return huggingface_call(t, embeddings)
+    raise CannotLower(f"the store's embeddings {type(embeddings).__name__} do not run on a Teola engine "
+                      "(TeolaEmbeddings and HuggingFaceEmbeddings of the embedder's model do)")
+
+
+def is_huggingface_embeddings(embeddings: Any) -> bool:
+    """langchain-huggingface's ``HuggingFaceEmbeddings`` or the community one it replaced."""
+    module = type(embeddings).__module__
+    return type(embeddings).__name__ == "HuggingFaceEmbeddings" and module.startswith(
+        ("langchain_huggingface.", "langchain_community.embeddings"))
+
+
+def _newlines_to_spaces(text: str) -> str:
+    return text.replace("\n", " ")  # HuggingFaceEmbeddings' own preparation of every text
+
+
+def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
+    """``HuggingFaceEmbeddings.embed_query``: newlines to spaces, then its sentence-transformers
+    client's ``encode`` with ``query_encode_kwargs`` (if any; langchain-huggingface) or
+    ``encode_kwargs``."""
+    name = type(embeddings).__name__
+    if embeddings.multi_process:
+        raise CannotLower(f"{name}(multi_process=True)")
+    encode_kwargs = getattr(embeddings, "query_encode_kwargs", None) or embeddings.encode_kwargs
+    extra = sorted(set(encode_kwargs) - {"normalize_embeddings", "batch_size", "show_progress_bar"})
+    if extra:
+        raise CannotLower(f"{name} encode_kwargs {extra} change how it encodes")
+    if set(embeddings.model_kwargs) - {"device"} or str(embeddings.model_kwargs.get("device", "cpu")) != "cpu":
+        raise CannotLower(f"{name} model_kwargs {sorted(embeddings.model_kwargs)} load it unlike the engine")
+    client = getattr(embeddings, "_client", None) or getattr(embeddings, "client", None)
+    engine, why = embedder_serving(t.planner.engine_specs(), name, embeddings.model_name,
+                                   normalize=bool(encode_kwargs.get("normalize_embeddings", False)),
+                                   prompts=getattr(client, "prompts", None),
+                                   truncate_dim=getattr(client, "truncate_dim", None),
+                                   max_length=getattr(client, "max_seq_length", None))
+    if engine is None:
+        raise CannotLower(why)
+    return EmbeddingCall(engine, _newlines_to_spaces)
+
+
+def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
+    """How ``retriever``'s query embedding runs; CannotLower unless ``retriever`` is a
+    similarity search we can reproduce."""
     if not isinstance(retriever, VectorStoreRetriever):
         raise CannotLower(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
     if retriever.search_type != "similarity":
@@ -34,8 +94,7 @@ def check_vector_retriever(retriever: Any) -> None:
     store = retriever.vectorstore
     if type(store) not in searchable_stores():
         raise CannotLower(f"vector store {type(store).__name__} (lowered: InMemoryVectorStore, Chroma)")
-    if not isinstance(store_embeddings(store), LowerableEmbeddings):
-        raise CannotLower("the store's embeddings do not run on a Teola engine (use TeolaEmbeddings)")
+    return embedding_call(t, store_embeddings(store))
 
 
 def searchable_stores() -> set[type]:
@@ -53,12 +112,21 @@ def store_embeddings(store: Any) -> Any:
     return store.embedding if isinstance(store, InMemoryVectorStore) else store.embeddings
 
 
-def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, queries: Ref, n_queries: int) -> Ref:
+def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding: EmbeddingCall, queries: Ref,
+                 n_queries: int) -> Ref:
     """embed(queries) -> vector_search on the user's store: one document list per query."""
     origin = component_name(retriever)
     store = retriever.vectorstore
     index, engine = t.store_input(store)
-    embed = t.add(Op.EMBED, name="embed", engine=store_embeddings(store).teola_embedder_engine(),
+    if embedding.prepare is not None:
+        prepare = embedding.prepare
+
+        async def prepared(texts: list[str]) -> list[str]:
+            return [prepare(text) for text in texts]
+
+        queries = t.add(Op.OPAQUE, name="prepare_texts", inputs={"texts": queries}, outputs=["out"],
+                        attrs={"fn": prepared, "pure": True}, origin=origin).out("out")
+    embed = t.add(Op.EMBED, name="embed", engine=embedding.engine,
                   inputs={"texts": queries}, attrs={"est_items": n_queries}, origin=origin)
     search = t.add(Op.VECTOR_SEARCH, name="vector_search", engine=engine,
                    inputs={"index": index, "vectors": embed.out()},
@@ -69,11 +137,11 @@ def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, queries: R
 
 @lowering(VectorStoreRetriever)
 def lower_vector_retriever(t: LangChainTracer, retriever: VectorStoreRetriever, value: Value) -> Value:
-    check_vector_retriever(retriever)
+    embedding = check_vector_retriever(t, retriever)
     origin = component_name(retriever)
     query = t.materialise(value)
     batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
-    lists = search_lists(t, retriever, batch.out(), 1)
+    lists = search_lists(t, retriever, embedding, batch.out(), 1)
     pick = t.add(Op.AGGREGATE, name="documents", inputs={"in0": lists},
                  attrs={"mode": "pick", "index": 0}, origin=origin)
     return Traced(pick.out(), Kind.DOCUMENTS)

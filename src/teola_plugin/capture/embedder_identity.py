@@ -1,0 +1,70 @@
+"""Whether a framework's own sentence-transformers embedding model computes what a Teola
+embedder engine computes, so its query embeddings may become ``embed`` primitives.
+
+LlamaIndex ``HuggingFaceEmbedding`` and LangChain's community ``HuggingFaceEmbeddings`` each
+load a ``SentenceTransformer`` in-process; the runtime's ``SentenceTransformerEmbedder``
+loads its own directory (``model_path``, else the bundled all-MiniLM-L6-v2) and returns
+normalized vectors. They agree only when the framework model is the same directory and
+nothing it sets changes the vectors: normalization (unless the model's own pipeline ends in
+a ``Normalize`` module, when asking for it again changes nothing), a prompt / instruction,
+a truncated dimension, another maximum sequence length. Read from the runtime's engine specs
+and the model object: no engine call. Both frameworks' rules use :func:`embedder_serving`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+EMBEDDER_FACTORY = "SentenceTransformerEmbedder"
+
+
+def _engine(specs: Mapping[str, Any]) -> tuple[str | None, Path | None]:
+    from ..engines.embedder import default_model_path
+
+    for name, spec in specs.items():
+        if spec.kind == "embedder" and EMBEDDER_FACTORY in spec.factory:
+            return name, Path(spec.kwargs.get("model_path") or default_model_path()).resolve()
+    return None, None
+
+
+def _config(model_dir: Path, file: str) -> Any:
+    try:
+        return json.loads((model_dir / file).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def max_seq_length(model_dir: Path) -> int | None:
+    config = _config(model_dir, "sentence_bert_config.json")
+    return int(config["max_seq_length"]) if isinstance(config, dict) and "max_seq_length" in config else None
+
+
+def normalizes_itself(model_dir: Path) -> bool:
+    """The model's pipeline ends in sentence-transformers' ``Normalize`` module."""
+    modules = _config(model_dir, "modules.json") or []
+    return bool(modules) and str(modules[-1].get("type", "")).endswith("models.Normalize")
+
+
+def embedder_serving(specs: Mapping[str, Any], label: str, model_name: Any, *, normalize: bool,
+                     prompts: Mapping[str, Any] | None = None, truncate_dim: Any = None,
+                     max_length: Any = None) -> tuple[str | None, str]:
+    """(engine name, "") of the embedder engine computing ``label``'s vectors, else (None, why)."""
+    name, engine_dir = _engine(specs)
+    if name is None or engine_dir is None:
+        return None, "the runtime has no sentence-transformers embedder engine"
+    model_dir = Path(str(model_name)).expanduser()
+    if not model_dir.is_dir() or model_dir.resolve() != engine_dir:
+        return None, f"{label} model {str(model_name)!r} is not the embedder engine's model ({engine_dir})"
+    if not normalize and not normalizes_itself(engine_dir):
+        return None, f"{label} does not normalize its vectors (the engine does)"
+    added = sorted(k for k, v in (prompts or {}).items() if v)
+    if added:
+        return None, f"{label} adds {' and '.join(f'a {k} instruction' for k in added)} to the texts it embeds"
+    if truncate_dim is not None:
+        return None, f"{label} truncates its vectors (truncate_dim)"
+    if max_length is not None and max_length != max_seq_length(engine_dir):
+        return None, f"{label} max_length {max_length} differs from the engine's ({max_seq_length(engine_dir)})"
+    return name, ""
