@@ -264,3 +264,50 @@ def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddi
     other = InMemoryVectorStore(prompted).as_retriever()
     (note,) = TeolaRunnable(other, runtime=runtime)._plan("q").trace.opaque
     assert "encode_kwargs ['prompt']" in note.reason
+
+
+def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):
+    from langchain_community.llms.vllm import VLLMOpenAI
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+    from langchain_openai import ChatOpenAI, OpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    class Recorder(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.seen: list[tuple] = []
+
+        def on_chat_model_start(self, serialized, messages, **kwargs):
+            self.seen.append(("chat", [(m.type, m.content) for m in messages[0]]))
+
+        def on_llm_start(self, serialized, prompts, **kwargs):
+            self.seen.append(("llm", prompts))
+
+        def on_llm_end(self, response, **kwargs):
+            generation = response.generations[0][0]
+            self.seen.append(("end", generation.text, (response.llm_output or {}).get("token_usage")))
+
+    completion = PromptTemplate.from_template("Q: {question}\nA:")
+    models = [VLLMOpenAI(openai_api_base=recording_proxy.base_url, openai_api_key="none", model_name=SERVED_NAME,
+                         temperature=0, max_tokens=16),
+              OpenAI(base_url=recording_proxy.base_url, api_key="none", model=SERVED_NAME, temperature=0,
+                     max_tokens=16)]
+    for model in models:
+        chain = completion | model.bind(stop=["\n"])
+        teola = TeolaRunnable(chain, runtime=runtime)
+        assert teola._plan({"question": "x"}).trace.opaque == []
+        plain_seen, teola_seen = Recorder(), Recorder()
+        question = {"question": QUESTIONS[0]}
+        plain = chain.invoke(question, config={"callbacks": [plain_seen]})
+        sent_plain = recording_proxy.take()
+        assert teola.invoke(question, config={"callbacks": [teola_seen]}) == plain
+        assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][0] == "/v1/completions"
+        assert teola_seen.seen == plain_seen.seen and plain_seen.seen[-1][2]
+
+    chat = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "{question}")]) | ChatOpenAI(
+        model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0, max_tokens=16)
+    plain_seen, teola_seen = Recorder(), Recorder()
+    plain = chat.invoke({"question": QUESTIONS[1]}, config={"callbacks": [plain_seen]})
+    teola = TeolaRunnable(chat, runtime=runtime).invoke({"question": QUESTIONS[1]}, config={"callbacks": [teola_seen]})
+    assert teola.content == plain.content and teola_seen.seen == plain_seen.seen

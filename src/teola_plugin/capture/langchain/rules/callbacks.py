@@ -13,13 +13,13 @@ Without callbacks both return at once. Token callbacks (``on_llm_new_token``) an
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
 from langchain_core.messages import AIMessage, convert_to_messages
-from langchain_core.outputs import ChatGeneration, Generation, LLMResult
+from langchain_core.outputs import ChatGeneration, ChatResult, Generation, LLMResult
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 
@@ -70,11 +70,13 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
 
         def start() -> Any:  # user handlers may block (HTTP tracers): never on the runtime loop
             if chat:
-                messages = convert_to_messages(prompt)  # the engine's role/content dicts, as messages
+                # the engine's role/content dicts (a served model's: its request body's), as messages
+                messages = convert_to_messages(prompt["messages"] if isinstance(prompt, Mapping) else prompt)
                 (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
                                                      options=options, batch_size=1)
             else:
-                (run,) = manager.on_llm_start(serialized, [prompt], invocation_params=params,
+                text = prompt["prompt"][0] if isinstance(prompt, Mapping) else prompt  # a served body's
+                (run,) = manager.on_llm_start(serialized, [text], invocation_params=params,
                                               options=options, batch_size=1)
             return run
 
@@ -83,7 +85,9 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
     async def report_end(run: Any, text: str, response: Any = None) -> dict[str, Any]:
         if spec.to_result is not None and response is not None:  # a served model: its own result
             result = spec.to_result(response)
-            message = _invoke_message(result, run)
+            message = _invoke_message(result, run) if chat else None
+            if isinstance(result, ChatResult):  # what BaseChatModel.generate reports it as
+                result = LLMResult(generations=[result.generations], llm_output=result.llm_output)
         else:
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
             result, message = LLMResult(generations=[[generation]]), None

@@ -1,4 +1,6 @@
-"""LangChain ``ChatOpenAI`` on a served engine: the app as LangChain's and vLLM's docs write it.
+"""LangChain's OpenAI-client models on a served engine: the app as LangChain's and vLLM's
+docs write it (``ChatOpenAI(base_url=...)``; completion models ``OpenAI`` and the community
+``VLLMOpenAI``, vLLM's own LangChain example).
 
 ``ChatOpenAI(model=..., base_url="http://host:8000/v1", api_key=...)`` (directly or from
 ``init_chat_model``) sends one chat-completions request per call. Lowered, the request body
@@ -8,9 +10,15 @@ client settings (``capture/served_models.py``), and the reply goes through the m
 ``_create_chat_result``, so the ``AIMessage`` carries the usage, ids and finish reason
 ``invoke`` returns.
 
+Completion models: the body is ``_generate``'s (``_invocation_params``, ``stop`` as
+``get_sub_prompts`` adds it, ``prompt`` a one-item list), the result ``create_llm_result``'s;
+a call the caller streams is sent non-streaming (their ``_stream`` sends another body) and
+arrives as one chunk.
+
 Stays the model's own call (reason in ``explain()``): a subclass, the Responses API,
-``streaming=True``, ``n > 1``, response headers, and (as for every model) bound tools or
-structured output, which arrive as bound arguments the tracer does not lower.
+``streaming=True``, ``n > 1`` / ``best_of``, response headers, ``max_tokens=-1`` (a tiktoken
+count), and (as for every model) bound tools or structured output, which arrive as bound
+arguments the tracer does not lower.
 """
 
 from __future__ import annotations
@@ -32,13 +40,43 @@ def _chat_openai_class() -> type | None:
     return ChatOpenAI
 
 
+def _completion_classes() -> tuple[type, ...]:
+    found: list[type] = []
+    try:
+        from langchain_openai import OpenAI
+
+        found.append(OpenAI)
+    except ImportError:
+        pass
+    try:
+        from langchain_community.llms.vllm import VLLMOpenAI
+
+        found.append(VLLMOpenAI)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
 def is_served_model(model: Any) -> bool:
-    cls = _chat_openai_class()
-    return cls is not None and type(model) is cls
+    return type(model) is _chat_openai_class() or type(model) in _completion_classes()
+
+
+def _endpoint(model: Any) -> Any:
+    try:
+        return server_endpoint(
+            base_url=model.openai_api_base, api_key=model.openai_api_key, organization=model.openai_organization,
+            default_headers=model.default_headers, default_query=model.default_query, timeout=model.request_timeout,
+            max_retries=model.max_retries,
+            http_client=getattr(model, "http_async_client", None) or model.http_client)
+    except UnreproducibleClient as exc:
+        raise CannotLower(f"{type(model).__name__}: {exc}") from None
 
 
 def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> LLMCallSpec:
-    """The call spec of a ``ChatOpenAI``; ``served_engine(endpoint)`` names its engine."""
+    """The call spec of a ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI``; ``served_engine(endpoint)``
+    names its engine."""
+    if type(model) in _completion_classes():
+        return _completion_call_spec(model, served_engine, stop)
     name = type(model).__name__
     if model.streaming:
         raise CannotLower(f"{name}(streaming=True) sends streaming requests (its own code runs)")
@@ -48,13 +86,7 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> 
         raise CannotLower(f"{name}(include_response_headers=True): the headers are its client's")
     if model._use_responses_api({}):
         raise CannotLower(f"{name} uses the Responses API")
-    try:
-        endpoint = server_endpoint(
-            base_url=model.openai_api_base, api_key=model.openai_api_key, organization=model.openai_organization,
-            default_headers=model.default_headers, default_query=model.default_query, timeout=model.request_timeout,
-            max_retries=model.max_retries, http_client=model.http_async_client or model.http_client)
-    except UnreproducibleClient as exc:
-        raise CannotLower(f"{name}: {exc}") from None
+    endpoint = _endpoint(model)
 
     def to_engine_prompt(input: Any) -> dict[str, Any]:
         return model._get_request_payload(input, stop=stop)  # what invoke(input, stop=stop) sends
@@ -97,3 +129,35 @@ def raise_as_chat_openai(exc: BaseException) -> None:
         base._handle_openai_bad_request(exc)
     elif isinstance(exc, openai.APIError):
         base._handle_openai_api_error(exc)
+
+
+def _completion_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> LLMCallSpec:
+    name = type(model).__name__
+    if model.streaming:
+        raise CannotLower(f"{name}(streaming=True) sends streaming requests (its own code runs)")
+    if (model.n or 1) != 1 or (model.best_of or 1) != 1:
+        raise CannotLower(f"{name} with n / best_of other than one completion per call")
+    if model.max_tokens == -1:
+        raise CannotLower(f"{name}(max_tokens=-1) counts the prompt with tiktoken (its own code runs)")
+    endpoint = _endpoint(model)
+
+    def params() -> dict[str, Any]:
+        out = dict(model._invocation_params)
+        if stop is not None:  # get_sub_prompts' own rule
+            if "stop" in out:
+                raise ValueError("`stop` found in both the input and default params.")
+            out["stop"] = stop
+        return out
+
+    def to_engine_prompt(input: Any) -> dict[str, Any]:
+        return {"prompt": [model._convert_input(input).to_string()], **params()}  # what _generate sends
+
+    def to_result(response: Any) -> Any:
+        body = response.model_dump()
+        usage = body.get("usage") or {}
+        token_usage = {k: usage[k] for k in ("completion_tokens", "prompt_tokens", "total_tokens") if k in usage}
+        return model.create_llm_result(body["choices"], [None], params(), token_usage,
+                                       system_fingerprint=body.get("system_fingerprint"))
+
+    return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=False, string_prompts=False,
+                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS)
