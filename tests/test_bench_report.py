@@ -68,8 +68,14 @@ def test_the_page_names_each_answer_that_differs_from_plain_sequential():
     same = [r for r in runs if r["system"] == "plain-sequential"] + [
         {"system": "teola-full", "query": "q1", "answer": "x"}, {"system": "teola-full", "query": "q2", "error": "boom"}]
     assert report.fidelity_note({"runs": same}) == (
-        "Fidelity: every system's answer equals plain-sequential's on every question compared; "
-        "not compared (an error on either side): teola-full 1 question.")
+        "Fidelity: every system's answer equals its plain reference's (plain-sequential; teola-app: plain-app) "
+        "on every question compared; not compared (an error on either side): teola-full 1 question.")
+    # the app systems answer as plain-app does, not as the same-engine plain-sequential
+    apps = same + [{"system": "plain-app", "query": "q1", "answer": "y"}, {"system": "teola-app", "query": "q1",
+                                                                          "answer": "y"}]
+    assert "teola-app" not in report.fidelity_note({"runs": apps})
+    apps[-1]["answer"] = "x"
+    assert "teola-app 1/1 (q1)" in report.fidelity_note({"runs": apps})
 
 
 def test_the_load_target_shows_the_p99_ratio_at_every_rate_both_systems_ran():

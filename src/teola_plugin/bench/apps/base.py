@@ -4,8 +4,12 @@ An app is ordinary LlamaIndex or LangChain code, written with the frameworks' pu
 APIs as a user writes it. The harness only chooses *how* it runs (a :class:`System`):
 plain framework calls, sync or async, or the same objects under Teola
 (``Settings.executor = TeolaExecutor(...)`` for LlamaIndex, ``TeolaRunnable(chain, ...)``
-for LangChain). All of them use the plugin's model classes on one shared runtime, so every
-system sends its requests to the same engines.
+for LangChain). The same-engine systems use the plugin's model classes on one shared
+runtime, so every system sends its requests to the same engines (the optimizer's ablation).
+The *app* systems (``plain-app``, ``teola-app``) run the app as users write it: the LLM is a
+vLLM OpenAI-compatible server the benchmark starts, reached through the framework's own
+classes (``OpenAILike``, ``ChatOpenAI``), and the embeddings are the framework's own
+sentence-transformers classes; ``teola-app`` is the very same objects under Teola.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class System:
     concurrent: bool = False  # plain: aquery / ainvoke (use_async=True where offered)
     passes: tuple[str, ...] | None = None  # None: all passes (teola only)
     disabled: tuple[str, ...] = ()
+    served: bool = False  # the app as users write it: a model server and the frameworks' own classes
 
     @property
     def pass_kwargs(self) -> dict[str, Any]:
@@ -38,6 +43,8 @@ PLAIN_SEQUENTIAL = System("plain-sequential")
 PLAIN_CONCURRENT = System("plain-concurrent", concurrent=True)
 TEOLA_NOPASSES = System("teola-nopasses", teola=True, passes=())
 TEOLA_FULL = System("teola-full", teola=True)
+PLAIN_APP = System("plain-app", served=True)
+TEOLA_APP = System("teola-app", teola=True, served=True)
 
 
 def ablation(pass_name: str) -> System:
@@ -48,7 +55,12 @@ def all_systems(ablations: bool = True) -> list[System]:
     out = [PLAIN_SEQUENTIAL, PLAIN_CONCURRENT, TEOLA_NOPASSES]
     if ablations:
         out += [ablation(p) for p in PASS_NAMES]
-    return out + [TEOLA_FULL]
+    return out + [TEOLA_FULL, PLAIN_APP, TEOLA_APP]
+
+
+def reference_of(system: System) -> System:
+    """The plain system whose answers ``system`` must reproduce (its fidelity reference)."""
+    return PLAIN_APP if system.served else PLAIN_SEQUENTIAL
 
 
 @dataclass
@@ -80,6 +92,8 @@ class BenchApp:
     def __init__(self, runtime: Runtime, max_tokens: int = 32) -> None:
         self.runtime = runtime
         self.max_tokens = max_tokens
+        self.server_url: str | None = None  # the model server of the app systems (set by the runner)
+        self.server_model: str = ""
 
     def setup(self, queries: list[Query]) -> None:
         """Build what the queries share (stores, chains); not timed."""

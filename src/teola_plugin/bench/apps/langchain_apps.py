@@ -40,27 +40,45 @@ class LangChainApp(BenchApp):
 
     def __init__(self, runtime: Any, max_tokens: int = 32, timeout_s: float = 600) -> None:
         super().__init__(runtime, max_tokens)
-        self.llm = TeolaChatModel(runtime=runtime, max_tokens=max_tokens)
         self.timeout_s = timeout_s
-        self.chain: Runnable | None = None
+        self.chains: dict[bool, Runnable] = {}  # served (the app systems) or not -> the app's chain
         self._wrapped: dict[str, TeolaRunnable] = {}
 
-    def build_chain(self) -> Runnable:
+    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
         raise NotImplementedError
 
+    def models(self, served: bool) -> tuple[Any, Any]:
+        """(chat model, embeddings): the plugin's, or as LangChain's docs write them
+        (``ChatOpenAI`` on the benchmark's vLLM server, ``HuggingFaceEmbeddings`` of MiniLM)."""
+        if not served:
+            return (TeolaChatModel(runtime=self.runtime, max_tokens=self.max_tokens),
+                    TeolaEmbeddings(runtime=self.runtime))
+        from langchain_huggingface import HuggingFaceEmbeddings
+        from langchain_openai import ChatOpenAI
+
+        from ...engines.embedder import default_model_path
+
+        assert self.server_url, "the app systems need the runner's model server"
+        llm = ChatOpenAI(model=self.server_model, base_url=self.server_url, api_key="none", temperature=0,
+                         max_tokens=self.max_tokens, timeout=self.timeout_s)
+        return llm, HuggingFaceEmbeddings(model_name=str(default_model_path()))
+
     def setup(self, queries: list[Query]) -> None:
-        self.chain = self.build_chain()
+        self.chains[False] = self.build_chain(*self.models(False))
 
     def chain_input(self, query: Query) -> Any:
         return query.question
 
     def runnable(self, system: System) -> Runnable:
         """The chain itself, or the same chain wrapped for Teola: the one line a user changes."""
-        assert self.chain is not None, "setup() first"
+        assert self.chains, "setup() first"
+        if system.served not in self.chains:
+            self.chains[system.served] = self.build_chain(*self.models(system.served))
+        chain = self.chains[system.served]
         if not system.teola:
-            return self.chain
+            return chain
         if system.name not in self._wrapped:
-            self._wrapped[system.name] = TeolaRunnable(self.chain, runtime=self.runtime, timeout_s=self.timeout_s,
+            self._wrapped[system.name] = TeolaRunnable(chain, runtime=self.runtime, timeout_s=self.timeout_s,
                                                        **system.pass_kwargs)
         return self._wrapped[system.name]
 
@@ -88,10 +106,10 @@ class SearchAugmented(LangChainApp):
     def queries(self, n: int, seed: int = 0) -> list[Query]:
         return [Query(q.id, q.question, q.answers) for q in datasets.load_questions("squad-xquad-en", limit=n, seed=seed)]
 
-    def build_chain(self) -> Runnable:
+    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
         search = SearchEngineRetriever(runtime=self.runtime, k=3)
         return ({"context": search | format_docs, "question": RunnablePassthrough()}
-                | ANSWER | self.llm | StrOutputParser())
+                | ANSWER | llm | StrOutputParser())
 
 
 class MultiHopQA(LangChainApp):
@@ -108,12 +126,12 @@ class MultiHopQA(LangChainApp):
     def chain_input(self, query: Query) -> Any:
         return {"question": query.question}
 
-    def build_chain(self) -> Runnable:
+    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
         corpus = datasets.load_corpus("hotpotqa-dev-500")
         own = {i for q in self._questions for i in q.context_ids}
         others = [p for p in corpus if p.id not in own]
         passages = [p for p in corpus if p.id in own] + random.Random(0).sample(others, MULTIHOP_DISTRACTORS)
-        store = InMemoryVectorStore(TeolaEmbeddings(runtime=self.runtime))
+        store = InMemoryVectorStore(embeddings)
         store.add_texts([f"{p.title}: {p.text}" for p in passages], ids=[p.id for p in passages])
         retriever = store.as_retriever(search_kwargs={"k": 3})
 
@@ -123,9 +141,9 @@ class MultiHopQA(LangChainApp):
         combine = ChatPromptTemplate.from_template(
             "Answer the question in a few words, using these answers to its sub-questions.\n\n{findings}\n\n"
             "Question: {question}")
-        sub_chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | ANSWER | self.llm \
+        sub_chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | ANSWER | llm \
             | StrOutputParser()
-        sub_questions = decompose | self.llm | StrOutputParser() | LineListOutputParser() \
+        sub_questions = decompose | llm | StrOutputParser() | LineListOutputParser() \
             | RunnableLambda(lambda qs: [q.strip() for q in qs if q.strip()][:MAX_SUBQUESTIONS])
 
         def findings(x: dict[str, Any]) -> str:
@@ -134,7 +152,7 @@ class MultiHopQA(LangChainApp):
         return (RunnablePassthrough.assign(subs=sub_questions)
                 | RunnablePassthrough.assign(answers=itemgetter("subs") | sub_chain.map())
                 | {"findings": RunnableLambda(findings), "question": itemgetter("question")}
-                | combine | self.llm | StrOutputParser())
+                | combine | llm | StrOutputParser())
 
 
 class AdvancedRAGLangChain(LangChainApp):
@@ -147,12 +165,12 @@ class AdvancedRAGLangChain(LangChainApp):
         return [Query(q.id, q.question, q.answers)
                 for q in datasets.load_questions("squad-xquad-en", limit=n, seed=seed + 1)]
 
-    def build_chain(self) -> Runnable:
+    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
         passages = datasets.load_corpus("squad-xquad-en")
-        store = InMemoryVectorStore(TeolaEmbeddings(runtime=self.runtime))
+        store = InMemoryVectorStore(embeddings)
         store.add_texts([p.text for p in passages], ids=[p.id for p in passages])
-        multi = MultiQueryRetriever.from_llm(retriever=store.as_retriever(search_kwargs={"k": 4}), llm=self.llm)
+        multi = MultiQueryRetriever.from_llm(retriever=store.as_retriever(search_kwargs={"k": 4}), llm=llm)
         reranked = ContextualCompressionRetriever(base_compressor=TeolaReranker(runtime=self.runtime, top_n=3),
                                                   base_retriever=multi)
         return ({"context": reranked | format_docs, "question": RunnablePassthrough()}
-                | ANSWER | self.llm | StrOutputParser())
+                | ANSWER | llm | StrOutputParser())

