@@ -33,3 +33,16 @@ def test_readme_integration_sections_run_as_written(tmp_path):
     llama_out, lang_out = proc.stdout.split("=== langchain ===")
     assert "squad-" in llama_out  # the printed source node ids are bundled passages
     assert lang_out.strip()  # an answer was printed
+
+
+def test_readme_served_models_section_runs_as_written(tmp_path, model_server):
+    readme = (ROOT / "README.md").read_text()
+    code = section_code(readme, "Served models")
+    assert "http://127.0.0.1:8000/v1" in code
+    script = tmp_path / "readme_served.py"
+    script.write_text(code.replace("http://127.0.0.1:8000/v1", model_server.base_url)
+                      + "\nassert Settings.executor.traced(index.as_query_engine(similarity_top_k=3)).opaque == []\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "squad-" in proc.stdout

@@ -237,3 +237,26 @@ def test_tokens_of_the_answer_stream_as_they_are_decoded(runtime, call):
     assert "".join(t for _, t in deltas) == out["answer"]
     assert len(deltas) > 3
     assert deltas[-1][0] - deltas[0][0] > 0.05  # spread over the decode, not one final chunk
+
+
+def test_engines_started_in_the_background_serve_the_first_query_without_a_start():
+    from teola_plugin.runtime.runtime import Runtime, default_engine_specs
+
+    specs = default_engine_specs()
+    rt = Runtime({"embedder": specs["embedder"]}, hosting="local")
+    try:
+        started = rt.start_in_background("embedder")
+        assert "embedder" not in rt._pools or started.done()  # returned at once, before the model loaded
+        started.result(timeout=300)
+        assert set(rt._pools) == {"embedder"}
+        g = PGraph("embed_only")
+        texts = g.input("texts", T.TEXTS)
+        g.output("vectors", g.add("embed", engine="embedder", inputs={"texts": texts}).out())
+        pool = rt._pools["embedder"]
+        out = rt.run_sync(rt.execute(g, {"texts": ["a first query"]}))
+        assert len(out["vectors"]) == 1 and rt._pools["embedder"] is pool  # served by the engine started before
+        failing = rt.start_in_background("no-such-engine")
+        with pytest.raises(Exception, match="unknown engine"):
+            failing.result(timeout=60)
+    finally:
+        rt.shutdown()

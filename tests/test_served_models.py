@@ -16,7 +16,7 @@ import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
 
 from teola_plugin import datasets
-from tests.fixtures_served import SERVED_NAME, free_port, model_server, recording_proxy  # noqa: F401
+from tests.fixtures_served import SERVED_NAME, free_port
 from tests.test_llama_index import QUESTIONS, executor, plain_settings  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -111,6 +111,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _plan_for_inspection(self, input: Any | None) -> ExecutionPlan:
         return self._plan(input) if input is not None else self._plan_for(self._example_layout())
 
+    def start(self) -> Any:
+        """Start Ray and the engines this chain's graph uses now, in the background, so that
+        the first call does not pay for them; returns a ``concurrent.futures.Future``."""
+        runtime = self.teola_runtime()
+        graph = self._plan_for_inspection(None).graph
+        engines = sorted({p.engine for p in graph.nodes if p.kind != "cpu"} & set(runtime.specs))
+        return runtime.start_in_background(*engines)
+
     def trace(self, input: Any | None = None) -> PGraph:
         """The primitive graph as traced (module order kept), for ``input``'s layout."""
         return self._plan_for_inspection(input).trace.graph

@@ -93,6 +93,21 @@ class TeolaExecutor:
         self._context: TraceContext | None = None
         self.last_query_id: str | None = None  # for the runtime timeline of the latest run
 
+    def start(self, *engines: str) -> Any:
+        """Start Ray and the engines the app will use now, in the background (default: the
+        embedder, and the vLLM engine only when ``Settings.llm`` is Teola's own), so that the
+        first query does not pay for them; returns a ``concurrent.futures.Future``. A model
+        server the app calls needs no start."""
+        if not engines:
+            from llama_index.core import Settings
+
+            from ..capture.llama_index import EngineBackedLLM
+
+            llm = Settings._llm  # not Settings.llm: that would resolve (and import) OpenAI's default
+            on_vllm = isinstance(llm, EngineBackedLLM) or type(llm).__name__ == "Vllm"
+            engines = ("embedder",) + (("llm",) if on_vllm else ())
+        return self.runtime.start_in_background(*engines)
+
     def __repr__(self) -> str:
         return f"TeolaExecutor(passes={self._passes.names if self.optimize else []}, timeout_s={self.timeout_s})"
 

@@ -190,6 +190,26 @@ class Runtime:
         self._ensure_loop()
         return self
 
+    def start_in_background(self, *engines: str) -> concurrent.futures.Future[None]:
+        """Start Ray, the loop and the named engines now, without waiting: the first query
+        then waits only for what is not ready yet (it joins the starts in progress). The
+        future holds the outcome; a failed start is retried by the query that needs it."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                self._ensure_loop()
+                if engines:
+                    self.run_sync(self.start_engines(*engines))
+                done.set_result(None)
+            except BaseException as exc:  # reported through the future (and by the query needing it)
+                log.warning("background start of %s: %s: %s", list(engines) or "the runtime",
+                            type(exc).__name__, exc)
+                done.set_exception(exc)
+
+        threading.Thread(target=start, name="teola-start", daemon=True).start()
+        return done
+
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())  # type: ignore[arg-type]
 
