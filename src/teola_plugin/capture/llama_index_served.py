@@ -15,30 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .served_models import UnreproducibleClient, server_endpoint
-
-DEFAULT_MAX_TOKENS = 256  # the cost model's guess when the model leaves max_tokens to the server
-
-
-def served_llm_classes() -> tuple[type, ...]:
-    found: list[type] = []
-    try:
-        from llama_index.llms.openai import OpenAI
-
-        found.append(OpenAI)
-    except ImportError:
-        pass
-    try:
-        from llama_index.llms.openai_like import OpenAILike
-
-        found.append(OpenAILike)
-    except ImportError:
-        pass
-    return tuple(found)
+from .served_models import DEFAULT_MAX_TOKENS, UnreproducibleClient, installed_classes, server_endpoint
 
 
 def is_served_llm(llm: Any) -> bool:
-    return type(llm) in served_llm_classes()
+    return type(llm) in installed_classes("llama_index.llms.openai:OpenAI", "llama_index.llms.openai_like:OpenAILike")
 
 
 class ServedRequests:

@@ -15,12 +15,26 @@ is not a number of seconds.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from ..engines.llm_served import ServerEndpoint
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"  # the SDK's default when nothing names a server
+DEFAULT_MAX_TOKENS = 256  # the cost model's guess when a model leaves max_tokens to the server
+
+
+def installed_classes(*paths: str) -> tuple[type, ...]:
+    """The classes ``"module:Class"`` whose (optional) packages are installed."""
+    found = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
 
 
 class UnreproducibleClient(Exception):

@@ -25,40 +25,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...served_models import UnreproducibleClient, server_endpoint
+from ...served_models import DEFAULT_MAX_TOKENS, UnreproducibleClient, installed_classes, server_endpoint
 from ..protocols import LLMCallSpec
 from ..tracer import CannotLower
 
-DEFAULT_MAX_TOKENS = 256  # the cost model's guess when the model leaves max_tokens to the server
-
-
-def _chat_openai_class() -> type | None:
-    try:
-        from langchain_openai import ChatOpenAI
-    except ImportError:
-        return None
-    return ChatOpenAI
-
 
 def _completion_classes() -> tuple[type, ...]:
-    found: list[type] = []
-    try:
-        from langchain_openai import OpenAI
-
-        found.append(OpenAI)
-    except ImportError:
-        pass
-    try:
-        from langchain_community.llms.vllm import VLLMOpenAI
-
-        found.append(VLLMOpenAI)
-    except ImportError:
-        pass
-    return tuple(found)
+    return installed_classes("langchain_openai:OpenAI", "langchain_community.llms.vllm:VLLMOpenAI")
 
 
 def is_served_model(model: Any) -> bool:
-    return type(model) is _chat_openai_class() or type(model) in _completion_classes()
+    return type(model) in installed_classes("langchain_openai:ChatOpenAI") + _completion_classes()
 
 
 def _endpoint(model: Any) -> Any:
