@@ -35,6 +35,8 @@ def _completion_classes() -> tuple[type, ...]:
 
 
 def is_served_model(model: Any) -> bool:
+    if type(model).__name__ not in ("ChatOpenAI", "OpenAI", "VLLMOpenAI"):  # no imports for other models
+        return False
     return type(model) in installed_classes("langchain_openai:ChatOpenAI") + _completion_classes()
 
 
