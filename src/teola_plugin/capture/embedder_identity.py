@@ -65,6 +65,7 @@ def embedder_serving(specs: Mapping[str, Any], label: str, model_name: Any, *, n
         return None, f"{label} adds {' and '.join(f'a {k} instruction' for k in added)} to the texts it embeds"
     if truncate_dim is not None:
         return None, f"{label} truncates its vectors (truncate_dim)"
-    if max_length is not None and max_length != max_seq_length(engine_dir):
-        return None, f"{label} max_length {max_length} differs from the engine's ({max_seq_length(engine_dir)})"
+    engine_length = max_seq_length(engine_dir)
+    if max_length is not None and max_length != engine_length:
+        return None, f"{label} max_length {max_length} differs from the engine's ({engine_length})"
     return name, ""

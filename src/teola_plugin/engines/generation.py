@@ -8,8 +8,13 @@ builds its own result types (usage, ids, finish reasons) exactly as its client w
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import uuid
 from dataclasses import dataclass
 from typing import Any
+
+from .base import Engine
 
 
 @dataclass(frozen=True)
@@ -42,3 +47,24 @@ class PrefillResult:
     request_id: str
     num_prompt_tokens: int
     num_cached_tokens: int
+
+
+class LLMEngine(Engine):
+    """What both LLM engines share: request ids and the batched entry points (the model
+    batches continuously, in-process or on its server: submitting concurrently is the batch).
+    Subclasses implement ``generate``, ``prefill``, ``stream`` and ``abort``."""
+
+    kind = "llm"
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._ids = itertools.count()
+
+    def _new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:8]}-{next(self._ids)}"
+
+    async def batch_generate(self, requests: list[dict[str, Any]]) -> list[Generation]:
+        return list(await asyncio.gather(*(self.generate(**r) for r in requests)))  # type: ignore[attr-defined]
+
+    async def batch_prefill(self, requests: list[dict[str, Any]]) -> list[PrefillResult]:
+        return list(await asyncio.gather(*(self.prefill(**r) for r in requests)))  # type: ignore[attr-defined]

@@ -21,17 +21,14 @@ naming the server and the request. The reply object comes back with the text
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import EngineInputError
-from .base import Engine
-from .generation import Generation, GenerationDelta, PrefillResult
+from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 FACTORY = "teola_plugin.engines.llm_served:OpenAICompatibleEngine"
@@ -79,10 +76,8 @@ class ServerEndpoint:
                 "timeout": self.timeout, "max_retries": self.max_retries}
 
 
-class OpenAICompatibleEngine(Engine):
+class OpenAICompatibleEngine(LLMEngine):
     """An OpenAI-compatible model server, reached through the ``openai`` SDK's async client."""
-
-    kind = "llm"
 
     def __init__(self, base_url: str, name: str | None = None, *, api_key: str = "EMPTY",
                  organization: str | None = None, default_headers: Mapping[str, str] | None = None,
@@ -97,7 +92,6 @@ class OpenAICompatibleEngine(Engine):
         self.timeout = timeout
         self.max_retries = max_retries
         self._client: Any = None
-        self._ids = itertools.count()
 
     # -- lifecycle: a client, not a model (nothing to load; the server may start later) ------
     async def _load(self) -> None:
@@ -135,9 +129,6 @@ class OpenAICompatibleEngine(Engine):
         except Exception as exc:
             exc.add_note(f"(Teola: model server {self.base_url}, request {request_id})")
             raise
-
-    def _new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex[:8]}-{next(self._ids)}"
 
     async def generate(self, prompt: Any, params: Mapping[str, Any] | None = None,
                        request_id: str | None = None) -> Generation:
@@ -185,17 +176,6 @@ class OpenAICompatibleEngine(Engine):
     async def abort(self, request_id: str) -> None:
         """Requests stop when their HTTP stream closes (the engine server closes it)."""
         return None
-
-    # -- batched entry points: the server batches continuously; concurrency is the batch ----
-    async def batch_generate(self, requests: list[dict[str, Any]]) -> list[Generation]:
-        import asyncio
-
-        return list(await asyncio.gather(*(self.generate(**r) for r in requests)))
-
-    async def batch_prefill(self, requests: list[dict[str, Any]]) -> list[PrefillResult]:
-        import asyncio
-
-        return list(await asyncio.gather(*(self.prefill(**r) for r in requests)))
 
 
 def _choice_text(choice: Any) -> str:

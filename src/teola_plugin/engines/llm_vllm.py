@@ -17,16 +17,14 @@ fields. Any Hugging Face model directory works; the default is the bundled SmolL
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import EngineInputError, ModelLoadError, ModelNotFoundError
-from .base import Engine, lone_surrogate
-from .generation import Generation, GenerationDelta, PrefillResult
+from .base import lone_surrogate
+from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 
 Prompt = str | Sequence[Mapping[str, str]]  # text, or chat messages [{"role", "content"}]
 
@@ -52,10 +50,8 @@ def _validation_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(LLMEngine):
     """vLLM ``AsyncLLM`` serving one model, with automatic prefix caching on."""
-
-    kind = "llm"
 
     def __init__(
         self,
@@ -81,7 +77,6 @@ class VLLMEngine(Engine):
         self.engine_kwargs = dict(engine_kwargs or {})
         self._llm: Any = None
         self._tokenizer: Any = None
-        self._ids = itertools.count()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _load(self) -> None:
@@ -173,9 +168,6 @@ class VLLMEngine(Engine):
                 setattr(params, key, value)
         return params
 
-    def _new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex[:8]}-{next(self._ids)}"
-
     # -- operations ----------------------------------------------------------------------
     async def stream(
         self, prompt: Prompt, params: Any = None, request_id: str | None = None
@@ -246,10 +238,3 @@ class VLLMEngine(Engine):
         """Requests vLLM is still working on (0 when idle: nothing generates for nobody)."""
         self._require_started()
         return self._llm.get_num_unfinished_requests()
-
-    # -- batched entry points (vLLM batches continuously; concurrent submission is the batch)
-    async def batch_generate(self, requests: list[dict[str, Any]]) -> list[Generation]:
-        return list(await asyncio.gather(*(self.generate(**r) for r in requests)))
-
-    async def batch_prefill(self, requests: list[dict[str, Any]]) -> list[PrefillResult]:
-        return list(await asyncio.gather(*(self.prefill(**r) for r in requests)))
