@@ -48,8 +48,8 @@ def squad_index(embed_model):
 def openai_like(base_url: str, **kwargs):
     from llama_index.llms.openai_like import OpenAILike
 
-    return OpenAILike(model=SERVED_NAME, api_base=base_url, api_key="none", temperature=0.0, max_tokens=24,
-                      **kwargs)
+    return OpenAILike(model=SERVED_NAME, api_base=base_url, api_key="none", **{"temperature": 0.0, "max_tokens": 24,
+                                                                               **kwargs})
 
 
 @pytest.mark.parametrize("mode", ["chat", "completion"])

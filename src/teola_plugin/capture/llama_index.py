@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,12 +39,17 @@ logger = logging.getLogger(__name__)  # a child of "teola_plugin"
 
 # -- calls back into the framework ------------------------------------------------------------
 _PASSTHROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_passthrough", default=False)
+# Components running their own code in an opaque step (ids): their entry points must not be
+# traced again, while the calls they make on *other* components (a sub-question engine's
+# sub-queries, a router's chosen engine, a custom retriever's inner retriever) are still
+# run by the executor, lowered.
+_OWN_CODE: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("teola_own_code", default=frozenset())
 
 
 @contextlib.contextmanager
 def framework_passthrough() -> Iterator[None]:
     """Inside, framework entry points run their original code even when an executor is
-    installed: an opaque primitive calling ``engine.query`` must not be traced again."""
+    installed (the lowering's glue calling the framework's own pieces)."""
     token = _PASSTHROUGH.set(True)
     try:
         yield
@@ -51,17 +57,40 @@ def framework_passthrough() -> Iterator[None]:
         _PASSTHROUGH.reset(token)
 
 
-def in_passthrough() -> bool:
-    return _PASSTHROUGH.get()
+@contextlib.contextmanager
+def running_own_code(component: Any) -> Iterator[None]:
+    """Inside, ``component``'s entry points run its original code; other components' still
+    go to the executor."""
+    token = _OWN_CODE.set(_OWN_CODE.get() | {id(component)})
+    try:
+        yield
+    finally:
+        _OWN_CODE.reset(token)
+
+
+def in_passthrough(component: Any = None) -> bool:
+    """Whether a framework call on ``component`` made now runs its original code."""
+    return _PASSTHROUGH.get() or (component is not None and id(component) in _OWN_CODE.get())
 
 
 def framework_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` made safe to run as an opaque primitive (it may call framework entry points)."""
+    """``fn`` made safe to run as a lowering's CPU step (it may call framework entry points)."""
     def call(**inputs: Any) -> Any:
         with framework_passthrough():
             return fn(**inputs)
 
     call.__qualname__ = getattr(fn, "__qualname__", "framework_call")
+    return call
+
+
+def component_call(component: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a call of ``component``'s own method) as an opaque step: the component runs its
+    own code, and what it calls on other components is still the executor's to run."""
+    def call(**inputs: Any) -> Any:
+        with running_own_code(component):
+            return fn(**inputs)
+
+    call.__qualname__ = getattr(fn, "__qualname__", "component_call")
     return call
 
 
@@ -192,8 +221,12 @@ class LlamaIndexTracer:
 
     def opaque(self, name: str, component: Any, fn: Callable[..., Any], inputs: Mapping[str, Ref],
                reason: str) -> Ref:
-        """A component left as it is: one impure primitive calling its own method."""
-        ref = self.cpu_step(name, fn, inputs, type(component).__name__, pure=False, opaque_reason=reason)
+        """A component left as it is: one impure primitive calling its own method (the query
+        engines and retrievers it calls in turn are still run by the executor)."""
+        prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
+                          attrs={"fn": component_call(component, fn), "pure": False, "opaque_reason": reason},
+                          origin=type(component).__name__)
+        ref = prim.out()
         self.note(ref.node, component, "opaque", reason)
         warn_opaque_once(component, reason)
         return ref
@@ -210,6 +243,18 @@ class LlamaIndexTracer:
         """A graph input whose value is fixed at trace time (an index handle)."""
         self.traced.bound_inputs[name] = value
         return self.graph.input(name, type_)
+
+    def trace_nested(self, target: Any) -> TracedApp:
+        """``target``'s own trace, for a graph this one runs at run time (a sub-query); pending
+        documents of its indexes are stored before the run, not joined into the sub-graph.
+        :meth:`adopt` it once the rule keeps it."""
+        return trace(target, dataclasses.replace(self.ctx, join_ingestion=False))
+
+    def adopt(self, app: TracedApp, label: str) -> None:
+        """A nested trace's engines, notes and pending documents become this trace's."""
+        self.traced.local_engines.update(app.local_engines)
+        self.traced.ingestions.extend(app.ingestions)
+        self.traced.notes.extend(dataclasses.replace(n, node=f"{label}/{n.node}") for n in app.notes)
 
     def on_runtime(self, component: Any) -> bool:
         return getattr(component, "runtime", None) is self.ctx.runtime
@@ -336,4 +381,5 @@ def _register_builtin_rules() -> None:
         llama_index_models,
         llama_index_postprocessors,
         llama_index_rules,
+        llama_index_sub_question,
     )

@@ -72,7 +72,13 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     owner = getattr(retriever, "_index", None)
     pending_of = tr.ctx.pending_of
     state = pending_of(owner) if owner is not None and pending_of is not None else None
-    if state is None or not tr.ctx.join_ingestion:
+    if state is None:
+        return index
+    if not tr.ctx.join_ingestion:  # a graph built to run later (a sub-query): store them first
+        with state.cond:
+            pending = state.claim is not None or bool(state.batches)
+        if pending:
+            tr.traced.ingestions.append(Join(state, [], None, ""))
         return index
     with state.cond:
         in_flight, batches = state.claim is not None, list(state.batches)

@@ -118,6 +118,22 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 
 @lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
+    planner = synthesis_planner(tr, synthesizer)
+    if planner.streaming:  # tokens reach the caller after the graph returned the nodes
+        tr.traced.streaming_synthesis = planner
+        tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
+        return None
+    ref = tr.cpu_step("synthesize", planner, {"query": tr.query, "nodes": nodes}, type(synthesizer).__name__,
+                      pure=False)
+    tr.note(ref.node, synthesizer, "expands", planner.describe())
+    return ref
+
+
+def synthesis_planner(tr: LlamaIndexTracer, synthesizer: Any) -> SynthesisPlanner:
+    """What plans ``synthesizer``'s LLM calls at run time; ``NotLowerable`` when its type has
+    no rule or this instance cannot be lowered."""
+    if type(synthesizer) not in SYNTHESIZER_RULES:
+        raise NotLowerable(f"no lowering rule for the response synthesizer {type(synthesizer).__name__}")
     llm = synthesizer._llm
     requests = engine_llm(tr.ctx.runtime, llm)
     if requests is not llm and synthesizer._streaming and not getattr(requests, "streamed_request", None):
@@ -134,12 +150,4 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
     if synthesizer._streaming and any(p is not None for p in parsers):
         raise NotLowerable("streaming with an output parser (LlamaIndex raises NotImplementedError; its own "
                            "code runs)")
-    planner = SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion, requests)
-    if planner.streaming:  # tokens reach the caller after the graph returned the nodes
-        tr.traced.streaming_synthesis = planner
-        tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
-        return None
-    ref = tr.cpu_step("synthesize", planner, {"query": tr.query, "nodes": nodes}, type(synthesizer).__name__,
-                      pure=False)
-    tr.note(ref.node, synthesizer, "expands", planner.describe())
-    return ref
+    return SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion, requests)

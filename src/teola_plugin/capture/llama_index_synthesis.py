@@ -74,9 +74,12 @@ class SynthesisPlanner:
             return Response(self.synthesizer._empty_response)
         return Expansion(self.build_graph(query, nodes), {})
 
-    def build_graph(self, query: QueryBundle, nodes: list[NodeWithScore]) -> PGraph:
-        """The calls for these (non-empty) nodes. Output ``out``: the Response; when streaming,
-        the answer text, and the final decode is also output ``stream`` (its tokens stream)."""
+    def build_graph(self, query: QueryBundle, nodes: list[NodeWithScore],
+                    additional_source_nodes: list[NodeWithScore] = ()) -> PGraph:
+        """The calls for these (non-empty) nodes. Output ``out``: the Response (its sources:
+        ``nodes`` then ``additional_source_nodes``, as ``synthesize`` lists them); when
+        streaming, the answer text, and the final decode is also output ``stream`` (its
+        tokens stream)."""
         synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
         graph = PGraph(f"{type(synth).__name__}")
@@ -93,7 +96,8 @@ class SynthesisPlanner:
             graph.output("out", answer)
         else:
             response = graph.add(Op.OPAQUE, name="response", inputs={"text": answer}, origin=type(synth).__name__,
-                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, list(nodes))),
+                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(
+                                     text, list(nodes) + list(additional_source_nodes))),
                                         "pure": True})
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph)

@@ -102,7 +102,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def _example_layout(self) -> InputLayout:
         """The input layout the chain's input schema describes (for trace / explain / graphs)."""
-        schema = self.chain.get_input_jsonschema()
+        try:
+            schema = self.chain.get_input_jsonschema()
+        except Exception:  # noqa: BLE001 - pydantic cannot describe every schema (``typing.TypedDict``
+            # state on Python < 3.12); plain ``get_graph`` never asks, so neither may inspection
+            return InputLayout(None, frozenset())
         props = schema.get("properties") if schema.get("type") == "object" else None
         if props:
             return InputLayout(tuple(props), frozenset(k for k, p in props.items() if p.get("type") == "string"))

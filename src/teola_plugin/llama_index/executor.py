@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import queue
 import time
@@ -42,6 +43,24 @@ from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from . import instrumentation
 from .pending_ingestion import IDLE_FLUSH_S, PendingIngestion, flush_all, pending_states
+
+
+# The executor running the current call: the framework calls made inside it (an opaque
+# component's own sub-queries) are its to run even when it is not ``Settings.executor``.
+_RUNNING: contextvars.ContextVar[TeolaExecutor | None] = contextvars.ContextVar("teola_executor", default=None)
+
+
+def running_executor() -> TeolaExecutor | None:
+    return _RUNNING.get()
+
+
+@contextlib.contextmanager
+def _running(executor: TeolaExecutor) -> Iterator[None]:
+    token = _RUNNING.set(executor)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
 
 
 class TeolaExecutor:
@@ -168,25 +187,25 @@ class TeolaExecutor:
     # ``_query`` / ``_retrieve``: the caller gets plain's exception, with Teola's note.
     def query(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "query")
-        with _noted_bad_input(query):
+        with _noted_bad_input(query), _running(self):
             return instrumentation.instrumented(instrumentation.query, query_engine, query,
                                                 lambda bundle: self._query(query_engine, bundle))
 
     async def aquery(self, query_engine: Any, query: str | QueryBundle) -> Any:
         _require(query_engine, BaseQueryEngine, "aquery")
-        with _noted_bad_input(query):
+        with _noted_bad_input(query), _running(self):
             return await instrumentation.ainstrumented(instrumentation.aquery, query_engine, query,
                                                        lambda bundle: self._aquery(query_engine, bundle))
 
     def retrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "retrieve")
-        with _noted_bad_input(query):
+        with _noted_bad_input(query), _running(self):
             return instrumentation.instrumented(instrumentation.retrieve, retriever, query,
                                                 lambda bundle: self._retrieve(retriever, bundle))
 
     async def aretrieve(self, retriever: Any, query: str | QueryBundle) -> list[Any]:
         _require(retriever, BaseRetriever, "aretrieve")
-        with _noted_bad_input(query):
+        with _noted_bad_input(query), _running(self):
             return await instrumentation.ainstrumented(instrumentation.aretrieve, retriever, query,
                                                        lambda bundle: self._aretrieve(retriever, bundle))
 

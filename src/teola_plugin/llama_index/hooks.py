@@ -9,8 +9,10 @@ It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding st
 embedder engine when that engine serves the index's embed model.
 Deferred ingestion's hooks (record nodes, flush before reads) are in ``ingest_hooks``; the
 query / retrieve wrappers here flush pending ingestion first when no executor runs the call.
-Calls the executor itself makes into the framework (opaque primitives) run the originals
-(``capture.llama_index.framework_passthrough``). Subclasses that override these methods
+Calls the executor itself makes into the framework run the originals: the lowering's glue
+(``capture.llama_index.framework_passthrough``) and an opaque component's calls on itself
+(``running_own_code``); the query engines and retrievers an opaque component calls in turn
+(a sub-question engine's sub-queries, a router's choice) are run by the executor, lowered. Subclasses that override these methods
 keep their own code.
 """
 
@@ -28,18 +30,18 @@ from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
 from . import ingest_hooks
-from .executor import TeolaExecutor
+from .executor import TeolaExecutor, running_executor
 from .pending_ingestion import flush_all, pending_states
 
 _ORIGINAL = "__teola_original__"
 
 
-def active_executor() -> TeolaExecutor | None:
-    """The executor that should run a framework call made now, if any."""
-    if in_passthrough():
+def active_executor(component: Any = None) -> TeolaExecutor | None:
+    """The executor that should run a framework call on ``component`` made now, if any."""
+    if in_passthrough(component):
         return None
     executor = getattr(Settings, "executor", None)
-    return executor if isinstance(executor, TeolaExecutor) else None
+    return executor if isinstance(executor, TeolaExecutor) else running_executor()
 
 
 def _bound(original: Any, obj: Any) -> Any:
@@ -51,7 +53,7 @@ def _bound(original: Any, obj: Any) -> Any:
 def _route_sync(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def routed(self: Any, str_or_query_bundle: Any) -> Any:
-        executor = active_executor()
+        executor = active_executor(self)
         if executor is None:
             flush_all()  # documents acknowledged to the caller are read like plain LlamaIndex's
             return _bound(original, self)(str_or_query_bundle)
@@ -64,7 +66,7 @@ def _route_sync(original: Callable[..., Any], run: Callable[..., Any]) -> Callab
 def _route_async(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def routed(self: Any, str_or_query_bundle: Any) -> Any:
-        executor = active_executor()
+        executor = active_executor(self)
         if executor is None:
             if pending_states():
                 await asyncio.to_thread(flush_all)

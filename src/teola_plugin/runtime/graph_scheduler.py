@@ -279,7 +279,13 @@ class GraphRun:
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
                          else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),
         )
-        return await child.run()
+        if expansion.recover is None:
+            return await child.run()
+        caught, outputs = expansion.recover
+        try:
+            return await child.run()
+        except caught as exc:
+            return dict(outputs(exc))
 
     # -- pipelined regions (decode pipelining) -----------------------------------------------
     def on_item(self, decode: Primitive, item: Any) -> None:

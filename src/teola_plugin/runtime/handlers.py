@@ -37,6 +37,9 @@ class Expansion:
     # The sub-graph's nodes whose tokens are the expanding node's text when that text is what
     # the caller streams; None: the nodes producing the sub-graph's outputs.
     token_nodes: frozenset[str] | None = None
+    # The outputs to use instead when the sub-graph raises one of these (a framework that
+    # drops a failed sub-query, as LlamaIndex's sub-question engine drops a ValueError).
+    recover: tuple[type[Exception], Callable[[Exception], Mapping[str, Any]]] | None = None
 
 
 def default_chunker(docs: list[Document], chunk_size: int = 1024, overlap: int = 128) -> list[Document]:

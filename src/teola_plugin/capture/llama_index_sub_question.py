@@ -1,0 +1,216 @@
+"""``SubQuestionQueryEngine``: the LLM writes sub-questions -> each one's query engine -> synthesis.
+
+    query -> question generation (one LLM call; parsed by the generator's own output parser)
+          -> sub_queries: one sub-graph per sub-question, all at once, each the traced graph
+             of the tool's query engine (lowered as that engine lowers)
+          -> collect: LlamaIndex's own answer nodes (``_construct_node``) -> the synthesizer
+             (its LLM calls expanded as a query engine's are) with the sub-queries' sources
+
+Fidelity: the question-generation request is ``LLMQuestionGenerator.generate``'s
+(``llm.predict(prompt, tools_str=..., query_str=...)``, built by the LLM's own code) and its
+answer is parsed by the prompt's own output parser; any other generator (or an LLM Teola does
+not serve) runs its own ``generate``. The tools' query engines are traced once here and run
+per sub-question, so a sub-question's answer is the one ``query_engine.query(question)``
+gives. A sub-query that raises (an unknown tool name included) is logged and left out, as
+``_query_subq`` does. Sub-queries run concurrently whether
+or not the engine was built with ``use_async`` (they are independent; ``use_async`` only
+changes how LlamaIndex awaits them), so their embeddings, searches and LLM calls share the
+engines' batches. The sub-question callback events are not emitted (the lowered parts emit no
+LlamaIndex events, as for a lowered query engine); ``verbose`` prints the same lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llama_index.core.query_engine import sub_question_query_engine
+from llama_index.core.query_engine.sub_question_query_engine import SubQuestionAnswerPair, SubQuestionQueryEngine
+from llama_index.core.question_gen.llm_generators import LLMQuestionGenerator
+from llama_index.core.question_gen.prompts import build_tools_text
+from llama_index.core.schema import QueryBundle
+from llama_index.core.utils import get_color_mapping, print_text
+
+from ..ir.graph import PGraph
+from ..ir.node import Ref
+from ..ir.ops import Op
+from ..runtime.handlers import Expansion
+from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, TracedApp, lowering_rule
+from .llama_index_models import engine_llm
+from .llama_index_rules import synthesis_planner
+from .llama_index_synthesis import SynthesisPlanner, llm_call
+
+
+@lowering_rule(QUERY_ENGINE_RULES, SubQuestionQueryEngine)
+def lower_sub_question_engine(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine) -> dict[str, Ref]:
+    origin = type(engine).__name__
+    synthesizer = engine._response_synthesizer
+    try:
+        planner = synthesis_planner(tr, synthesizer)
+    except NotLowerable as exc:
+        planner, why = None, str(exc)
+    if planner is not None and planner.streaming:
+        raise NotLowerable("a streaming response synthesizer (the engine runs its own code, its "
+                           "sub-queries still on Teola)")
+    tools = {name: tr.trace_nested(query_engine) for name, query_engine in engine._query_engines.items()}
+    for name, app in tools.items():
+        if app.streaming_synthesis is not None:
+            raise NotLowerable(f"tool {name!r} streams its response (the engine runs its own code, its "
+                               "sub-queries still on Teola)")
+    for name, app in tools.items():
+        tr.adopt(app, f"tool {name}")
+    questions = _question_generation(tr, engine, origin)
+    answers = tr.cpu_step("sub_queries", SubQueries(engine, tools, tr.ctx.prepare_expansion),
+                          {"query": tr.query, "sub_questions": questions}, origin, pure=False)
+    tr.note(answers.node, engine, "expands",
+            f"expands at run time into one sub-graph per generated sub-question (tools: {', '.join(tools)}), "
+            "run concurrently")
+    collect = Collect(engine, planner)
+    response = tr.cpu_step("synthesize", collect, {"query": tr.query, "answers": answers}, origin, pure=False)
+    if planner is not None:
+        tr.note(response.node, synthesizer, "expands", planner.describe())
+    else:
+        tr.note(response.node, synthesizer, "opaque", why)
+    return {"response": response}
+
+
+def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, origin: str) -> Ref:
+    """The sub-questions: ``LLMQuestionGenerator.generate``'s LLM call on its engine, or the
+    generator's own ``generate``."""
+    generator = engine._question_gen
+    metadatas = engine._metadatas
+    if type(generator) is LLMQuestionGenerator:
+        try:
+            requests = engine_llm(tr.ctx.runtime, generator._llm)
+        except NotLowerable as exc:
+            why = f"question generation: {exc}"
+        else:
+            step = QuestionGeneration(generator, requests, metadatas, tr.ctx.prepare_expansion)
+            ref = tr.cpu_step("question_gen", step, {"query": tr.query}, origin, pure=False)
+            tr.note(ref.node, generator, "expands",
+                    f"expands at run time into one prompt -> llm_prefill -> llm_decode chain on {requests.engine_name}")
+            return ref
+    else:
+        why = f"question generator {type(generator).__name__} is not lowered (its own generate runs)"
+    return tr.opaque("question_gen", generator, lambda query: generator.generate(metadatas, query),
+                     {"query": tr.query}, why)
+
+
+class QuestionGeneration:
+    """(query) -> Expansion: ``predict(prompt, tools_str, query_str)`` as prompt -> prefill ->
+    decode -> the prompt's output parser, giving the ``SubQuestion`` list."""
+
+    def __init__(self, generator: LLMQuestionGenerator, requests: Any, metadatas: list[Any], prepare: Any) -> None:
+        self.generator = generator
+        self.requests = requests
+        self.tools_str = build_tools_text(metadatas)
+        self.prepare = prepare
+        self.__qualname__ = "question_gen[LLMQuestionGenerator]"
+
+    def __call__(self, query: QueryBundle) -> Expansion:
+        prompt = self.generator._prompt
+        graph = PGraph("question_gen")
+        text = llm_call(graph, self.requests, prompt, {"tools_str": self.tools_str, "query_str": query.query_str},
+                        "LLMQuestionGenerator")
+        parsed = graph.add(Op.OPAQUE, name="parse_sub_questions", inputs={"text": text}, origin="LLMQuestionGenerator",
+                           attrs={"fn": lambda text: prompt.output_parser.parse(text).parsed_output, "pure": True})
+        graph.output("out", parsed.out())
+        return Expansion(self.prepare(graph), {})
+
+
+@dataclass(frozen=True)
+class SubAnswer:
+    """One sub-question's outcome: its Response, or None when it failed (``asked``: whether
+    its query started, i.e. its tool exists; plain prints the question only then)."""
+
+    sub_q: Any
+    response: Any
+    asked: bool
+
+
+class SubQueries:
+    """(query, sub-questions) -> Expansion: each sub-question's tool graph, all independent;
+    the output is the list of :class:`SubAnswer`."""
+
+    def __init__(self, engine: SubQuestionQueryEngine, tools: dict[str, TracedApp], prepare: Any) -> None:
+        self.engine = engine
+        self.tools = tools
+        self.graphs: dict[str, PGraph] = {}  # each tool's graph, optimized once
+        self.prepare = prepare
+        self.__qualname__ = "sub_queries[SubQuestionQueryEngine]"
+
+    def tool_graph(self, name: str) -> PGraph:
+        if name not in self.graphs:
+            graph = self.tools[name].graph.copy()
+            graph.output("out", graph.outputs["response"])
+            self.graphs[name] = self.prepare(graph)
+        return self.graphs[name]
+
+    def __call__(self, query: QueryBundle, sub_questions: list[Any]) -> Expansion:
+        graph = PGraph("sub_queries")
+        answers = {}
+        for i, sub_q in enumerate(sub_questions):
+            step = graph.add(Op.OPAQUE, name=f"sub_query_{i}", origin=type(self.engine).__name__,
+                             attrs={"fn": lambda sub_q=sub_q: self.sub_query(sub_q), "pure": False})
+            answers[f"a{i}"] = step.out()
+        collected = graph.add(Op.OPAQUE, name="answers", inputs=answers, origin=type(self.engine).__name__,
+                              attrs={"fn": lambda **a: [a[f"a{i}"] for i in range(len(sub_questions))], "pure": True})
+        graph.output("out", collected.out())
+        return Expansion(graph, {})
+
+    def sub_query(self, sub_q: Any) -> Any:
+        if sub_q.tool_name not in self.tools:  # _query_subq's KeyError: logged, left out
+            _log_failure(sub_q, KeyError(sub_q.tool_name))
+            return SubAnswer(sub_q, None, asked=False)
+        app = self.tools[sub_q.tool_name]
+
+        def failed(exc: Exception) -> dict[str, Any]:
+            _log_failure(sub_q, exc)
+            return {"out": SubAnswer(sub_q, None, asked=True)}
+
+        answer = self.tool_graph(sub_q.tool_name).copy()
+        wrap = answer.add(Op.OPAQUE, name="sub_answer", inputs={"response": answer.outputs["out"]},
+                          origin=type(self.engine).__name__,
+                          attrs={"fn": lambda response: SubAnswer(sub_q, response, asked=True), "pure": True})
+        answer.output("out", wrap.out())
+        return Expansion(answer, app.inputs_for(QueryBundle(sub_q.sub_question)), recover=(Exception, failed))
+
+
+def _log_failure(sub_q: Any, exc: Exception) -> None:
+    """What ``_query_subq`` logs for a sub-question that failed (it then leaves it out)."""
+    sub_question_query_engine.logger.warning(f"[{sub_q.tool_name}] Failed to run {sub_q.sub_question}",
+                                             exc_info=exc)
+
+
+class Collect:
+    """The engine's own tail of ``_query``: answer pairs -> nodes and sources -> synthesis."""
+
+    def __init__(self, engine: SubQuestionQueryEngine, planner: SynthesisPlanner | None) -> None:
+        self.engine = engine
+        self.planner = planner
+        self.__qualname__ = "synthesize[SubQuestionQueryEngine]"
+
+    def __call__(self, query: QueryBundle, answers: list[SubAnswer]) -> Any:
+        engine = self.engine
+        if engine._verbose:
+            print_text(f"Generated {len(answers)} sub questions.\n")
+        colors = get_color_mapping([str(i) for i in range(len(answers))])
+        qa_pairs = []
+        for i, answer in enumerate(answers):  # the lines _query_subq prints, in its order
+            sub_q = answer.sub_q
+            if engine._verbose and answer.asked:
+                print_text(f"[{sub_q.tool_name}] Q: {sub_q.sub_question}\n", color=colors[str(i)])
+            if answer.response is None:
+                continue
+            text = str(answer.response)
+            if engine._verbose:
+                print_text(f"[{sub_q.tool_name}] A: {text}\n", color=colors[str(i)])
+            qa_pairs.append(SubQuestionAnswerPair(sub_q=sub_q, answer=text, sources=answer.response.source_nodes))
+        nodes = [engine._construct_node(pair) for pair in qa_pairs]
+        source_nodes = [node for pair in qa_pairs for node in pair.sources]
+        if self.planner is None:
+            return engine._response_synthesizer.synthesize(query=query, nodes=nodes,
+                                                           additional_source_nodes=source_nodes)
+        if not nodes:
+            return self.planner(query, nodes)
+        return Expansion(self.planner.build_graph(query, nodes, source_nodes), {})

@@ -1,0 +1,154 @@
+"""``SubQuestionQueryEngine`` as LlamaIndex's docs build it, on the session's vLLM server.
+
+Two indexes (Super Bowl and BSkyB passages, ``HuggingFaceEmbedding``), one
+``QueryEngineTool`` each, ``LLMQuestionGenerator`` over ``OpenAILike``. The question
+generator's requests carry vLLM structured outputs (a JSON schema of the sub-question list),
+as an app asks for valid JSON from a small model, so its sub-questions parse by construction
+in plain and Teola runs alike. Plain and Teola must send the same request bodies (as
+multisets), answer alike, and the Teola run must run the sub-queries at the same time.
+"""
+
+from __future__ import annotations
+
+import pytest
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.query_engine import CustomQueryEngine, SubQuestionQueryEngine
+from llama_index.core.question_gen import LLMQuestionGenerator
+from llama_index.core.question_gen.types import BaseQuestionGenerator, SubQuestion
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.tools import QueryEngineTool, ToolMetadata
+
+from teola_plugin import datasets
+from tests.test_llama_index import executor, plain_settings  # noqa: F401
+from tests.test_served_models import bodies, embed_model, openai_like  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Who won Super Bowl 50, and what did BSkyB launch in 1998?"
+SUB_QUESTIONS = ["Who won Super Bowl 50?", "What did BSkyB launch in 1998?"]
+
+
+def sub_question_schema(tools: list[str]) -> dict:
+    item = {"type": "object", "additionalProperties": False, "required": ["sub_question", "tool_name"],
+            "properties": {"sub_question": {"enum": SUB_QUESTIONS}, "tool_name": {"enum": tools}}}
+    return {"type": "array", "minItems": 2, "maxItems": 2, "items": item}
+
+
+def question_gen(base_url: str, tools: list[str]) -> LLMQuestionGenerator:
+    llm = openai_like(base_url, is_chat_model=True, context_window=2048, max_tokens=96,
+                      additional_kwargs={"extra_body": {"structured_outputs": {"json": sub_question_schema(tools)}}})
+    return LLMQuestionGenerator.from_defaults(llm=llm)
+
+
+@pytest.fixture(scope="module")
+def indexes(embed_model):
+    corpus = datasets.load_corpus("squad-xquad-en")
+    return {name: VectorStoreIndex.from_documents([Document(text=p.text, id_=p.id) for p in passages],
+                                                  embed_model=embed_model)
+            for name, passages in (("football", corpus[:8]), ("television", corpus[40:48]))}
+
+
+def tools_of(indexes, llm) -> list[QueryEngineTool]:
+    return [QueryEngineTool(query_engine=index.as_query_engine(llm=llm, similarity_top_k=2),
+                            metadata=ToolMetadata(name=name, description=f"paragraphs about {name}"))
+            for name, index in indexes.items()]
+
+
+def answer_texts(response) -> list[str]:
+    return [n.node.get_content() for n in response.source_nodes]
+
+
+def test_sub_question_engine_is_lowered_and_answers_as_plain(recording_proxy, indexes, executor):
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    engine = SubQuestionQueryEngine.from_defaults(
+        query_engine_tools=tools_of(indexes, llm), llm=llm, use_async=False, verbose=False,
+        question_gen=question_gen(recording_proxy.base_url, list(indexes)))
+    app = executor.traced(engine)
+    assert app.opaque == [], [str(n) for n in app.opaque]
+    explained = executor.explain(engine)
+    assert "one sub-graph per generated sub-question" in explained and "tool football/" in explained
+
+    plain = engine.query(QUESTION)
+    sent_plain = recording_proxy.take()
+    teola = executor.query(engine, QUESTION)
+    sent_teola = recording_proxy.take()
+    assert type(teola) is type(plain) and str(teola) == str(plain) and str(plain)
+    # 2 answer nodes ("Sub question: ...\nResponse: ...") then each sub-query's sources
+    assert answer_texts(teola) == answer_texts(plain) and answer_texts(plain)[0].startswith("Sub question: ")
+    assert len(sent_plain) >= 4 and bodies(sent_teola) == bodies(sent_plain)  # generation, 2 answers, synthesis
+
+    # The two sub-queries overlapped: the second retrieval started before the first answer was decoded.
+    spans = executor.runtime.timeline.spans([executor.last_query_id])
+    searches = sorted(s.start for s in spans if s.op == "vector_search")
+    answers = [s for s in spans if s.op == "llm_decode" and s.start > searches[0]]
+    assert len(searches) == 2 and searches[-1] < min(s.end for s in answers)
+
+
+class Failing(CustomQueryEngine):
+    """A tool whose query raises ValueError (user code Teola cannot see into)."""
+
+    def custom_query(self, query_str: str):
+        raise ValueError(f"no answer for {query_str!r}")
+
+
+def test_failed_sub_queries_are_logged_and_left_out_as_plain(model_server, indexes, executor, caplog):
+    llm = openai_like(model_server.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    tools = [tools_of(indexes, llm)[0], QueryEngineTool(query_engine=Failing(),
+                                                        metadata=ToolMetadata(name="television", description="tv"))]
+    for tool_names in (["television"], ["radio"]):  # a tool that raises; a tool that does not exist
+        engine = SubQuestionQueryEngine.from_defaults(query_engine_tools=tools, llm=llm, verbose=False,
+                                                      question_gen=question_gen(model_server.base_url, tool_names))
+        caplog.clear()
+        plain = engine.query(QUESTION)
+        logged_plain = [r.getMessage() for r in caplog.records if "Failed to run" in r.getMessage()]
+        caplog.clear()
+        teola = executor.query(engine, QUESTION)
+        logged_teola = [r.getMessage() for r in caplog.records if "Failed to run" in r.getMessage()]
+        assert str(teola) == str(plain) == "Empty Response" and teola.source_nodes == plain.source_nodes == []
+        assert sorted(logged_teola) == sorted(logged_plain) and len(logged_plain) == 2
+
+
+class FixedQuestions(BaseQuestionGenerator):
+    """A custom generator: its own code runs (opaque); the sub-queries are still Teola's."""
+
+    def generate(self, tools, query):
+        return [SubQuestion(sub_question=q, tool_name=t.name) for q, t in zip(SUB_QUESTIONS, tools)]
+
+    async def agenerate(self, tools, query):
+        return self.generate(tools, query)
+
+    def _get_prompts(self):
+        return {}
+
+    def _update_prompts(self, prompts) -> None:
+        pass
+
+
+def test_custom_question_generator_runs_its_own_code(model_server, indexes, executor):
+    llm = openai_like(model_server.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    engine = SubQuestionQueryEngine.from_defaults(query_engine_tools=tools_of(indexes, llm), llm=llm,
+                                                  question_gen=FixedQuestions(), verbose=False)
+    (note,) = executor.traced(engine).opaque
+    assert note.component == "FixedQuestions" and "not lowered" in note.reason
+    plain, teola = engine.query(QUESTION), executor.query(engine, QUESTION)
+    assert str(teola) == str(plain) and answer_texts(teola) == answer_texts(plain)
+
+
+class InnerRetrieval(CustomQueryEngine):
+    """User code calling a retriever: the retriever still runs on Teola, lowered."""
+
+    retriever: BaseRetriever
+
+    def custom_query(self, query_str: str) -> str:
+        return " | ".join(n.node.node_id for n in self.retriever.retrieve(query_str))
+
+
+def test_an_opaque_engines_own_retriever_call_runs_lowered(indexes, executor):
+    engine = InnerRetrieval(retriever=indexes["football"].as_retriever(similarity_top_k=2))
+    (note,) = executor.traced(engine).opaque
+    assert note.component == "InnerRetrieval"
+    plain = engine.query(SUB_QUESTIONS[0])
+    teola = executor.query(engine, SUB_QUESTIONS[0])
+    assert str(teola) == str(plain) and str(plain).count(" | ") == 1
+    inner = executor.runtime.timeline.spans([executor.last_query_id])  # the nested run: the latest started
+    assert {"embed", "vector_search"} <= {s.op for s in inner}
