@@ -114,3 +114,54 @@ def test_a_step_that_runs_another_teola_chain_cannot_starve_it_of_threads(runtim
                           runtime=runtime, timeout_s=120)
     n = FRAMEWORK_THREADS + 6
     assert outer.batch(list(range(n))) == [2 * x + 1 for x in range(n)]
+
+
+def test_a_run_name_bound_with_config_names_the_run_as_plain(runtime):
+    chain = (RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)).with_config(
+        run_name="my_chain", tags=["mine"])
+    with collect_runs() as plain:
+        assert chain.invoke(1) == 4
+    with collect_runs() as teola:
+        assert TeolaRunnable(chain, runtime=runtime).invoke(1) == 4
+    (plain_run,), (teola_run,) = plain.traced_runs, teola.traced_runs
+    assert teola_run.name == plain_run.name == "my_chain" and "mine" in teola_run.tags
+
+
+def test_a_langgraph_graphs_own_api_is_reachable_through_the_wrapper(runtime):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict):
+        n: int
+
+    builder = StateGraph(State)
+    builder.add_node("inc", lambda state: {"n": state["n"] + 1})
+    builder.add_edge(START, "inc")
+    builder.add_edge("inc", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    fast = TeolaRunnable(graph, runtime=runtime)
+    config = {"configurable": {"thread_id": "t1"}}
+    assert fast.invoke({"n": 1}, config) == {"n": 2}
+    assert fast.get_state(config).values == {"n": 2} and len(list(fast.get_state_history(config))) == 3
+    fast.update_state(config, {"n": 10})
+    assert graph.get_state(config).values == {"n": 10} and fast.checkpointer is graph.checkpointer
+    with pytest.raises(AttributeError):
+        fast.no_such_attribute  # noqa: B018
+
+
+def test_a_graph_whose_state_pydantic_cannot_describe_still_explains(runtime):
+    import typing
+
+    from langgraph.graph import END, START, StateGraph
+
+    class State(typing.TypedDict):  # pydantic refuses typing.TypedDict before Python 3.12
+        n: int
+
+    builder = StateGraph(State)
+    builder.add_node("inc", lambda state: {"n": state["n"] + 1})
+    builder.add_edge(START, "inc")
+    builder.add_edge("inc", END)
+    fast = TeolaRunnable(builder.compile(), runtime=runtime)
+    assert fast.get_graph().nodes and "LangGraph" in fast.explain()
+    assert fast.invoke({"n": 1}) == {"n": 2}

@@ -19,8 +19,8 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessageChunk
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
-from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list, merge_configs
 from langchain_core.runnables.graph import Graph
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -150,6 +150,17 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def get_output_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
         return self.chain.get_output_schema(config)
 
+    def __getattr__(self, name: str) -> Any:
+        """What the wrapped object has beyond a Runnable's (a LangGraph graph's ``get_state``,
+        ``update_state``, ``get_state_history``, ``checkpointer``, ``nodes``), its own."""
+        try:
+            return super().__getattr__(name)  # pydantic's private attributes
+        except AttributeError:
+            chain = self.__dict__.get("chain")
+            if chain is None or name.startswith("__"):
+                raise
+            return getattr(chain, name)
+
     def get_name(self, suffix: str | None = None, *, name: str | None = None) -> str:
         """The wrapped chain's name (``RunnableSequence``...): callback runs are named as plain."""
         return super().get_name(suffix, name=name or self.name or self.chain.get_name())
@@ -168,12 +179,20 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs:
             return self.chain.invoke(input, config, **kwargs)
-        return self._call_with_config(self._run, input, config)
+        return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs:
             return await self.chain.ainvoke(input, config, **kwargs)
-        return await self._acall_with_config(self._arun, input, config)
+        return await self._acall_with_config(self._arun, input, self._bound_config(config))
+
+    def _bound_config(self, config: RunnableConfig | None) -> RunnableConfig | None:
+        """The call's config with what ``chain.with_config(...)`` bound to the chain's own run
+        (its ``run_name``, tags, metadata), as the binding merges them in plain LangChain; the
+        rest of the binding's config (callbacks, configurable) reaches its steps as before."""
+        bound = self.chain.config if isinstance(self.chain, RunnableBinding) else None
+        own = {k: bound[k] for k in ("run_name", "tags", "metadata") if bound and bound.get(k)}
+        return merge_configs(own, config) if own else config
 
     def _run(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), self._plan(input)
@@ -212,7 +231,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if kwargs:
             yield from self.chain.stream(input, config, **kwargs)
             return
-        yield from self._transform_stream_with_config(iter([input]), self._stream_chunks, config)
+        yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
+                                                      self._bound_config(config))
 
     async def astream(self, input: Any, config: RunnableConfig | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
@@ -224,7 +244,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         async def single() -> AsyncIterator[Any]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(single(), self._astream_chunks, config):
+        async for chunk in self._atransform_stream_with_config(single(), self._astream_chunks,
+                                                               self._bound_config(config)):
             yield chunk
 
     def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[Any]:
