@@ -350,9 +350,11 @@ def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None,
 
 
 # -- entry point -----------------------------------------------------------------------------
-SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine is lowered to "
-             "primitives, others run as one opaque step) and retrievers (BaseRetriever: "
-             "VectorIndexRetriever, QueryFusionRetriever and BM25Retriever are lowered)")
+SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine and SubQuestionQueryEngine "
+             "are lowered to primitives, others run as one opaque step whose own query engine and retriever "
+             "calls are still Teola's) and retrievers (BaseRetriever: VectorIndexRetriever, "
+             "QueryFusionRetriever and BM25Retriever are lowered); chat engines (BaseChatEngine) through "
+             "executor.chat / achat / stream_chat / astream_chat")
 
 
 def trace(target: Any, ctx: TraceContext) -> TracedApp:

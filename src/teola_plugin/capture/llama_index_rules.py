@@ -46,6 +46,7 @@ from .llama_index import (
     SYNTHESIZER_RULES,
     LlamaIndexTracer,
     NotLowerable,
+    TraceContext,
     lowering_rule,
 )
 from .llama_index_ingest import join_pending
@@ -118,7 +119,7 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 
 @lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
-    planner = synthesis_planner(tr, synthesizer)
+    planner = synthesis_planner(tr.ctx, synthesizer)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes
         tr.traced.streaming_synthesis = planner
         tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
@@ -129,13 +130,13 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
     return ref
 
 
-def synthesis_planner(tr: LlamaIndexTracer, synthesizer: Any) -> SynthesisPlanner:
+def synthesis_planner(ctx: TraceContext, synthesizer: Any) -> SynthesisPlanner:
     """What plans ``synthesizer``'s LLM calls at run time; ``NotLowerable`` when its type has
     no rule or this instance cannot be lowered."""
     if type(synthesizer) not in SYNTHESIZER_RULES:
         raise NotLowerable(f"no lowering rule for the response synthesizer {type(synthesizer).__name__}")
     llm = synthesizer._llm
-    requests = engine_llm(tr.ctx.runtime, llm)
+    requests = engine_llm(ctx.runtime, llm)
     if requests is not llm and synthesizer._streaming and not getattr(requests, "streamed_request", None):
         raise NotLowerable(f"{type(llm).__name__} cannot stream in LlamaIndex (its own code runs)")
     for flag, what in ((synthesizer._multimodal, "multimodal"),
@@ -150,4 +151,4 @@ def synthesis_planner(tr: LlamaIndexTracer, synthesizer: Any) -> SynthesisPlanne
     if synthesizer._streaming and any(p is not None for p in parsers):
         raise NotLowerable("streaming with an output parser (LlamaIndex raises NotImplementedError; its own "
                            "code runs)")
-    return SynthesisPlanner(synthesizer, llm, tr.ctx.prepare_expansion, requests)
+    return SynthesisPlanner(synthesizer, llm, ctx.prepare_expansion, requests)

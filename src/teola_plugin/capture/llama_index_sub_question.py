@@ -46,7 +46,7 @@ def lower_sub_question_engine(tr: LlamaIndexTracer, engine: SubQuestionQueryEngi
     origin = type(engine).__name__
     synthesizer = engine._response_synthesizer
     try:
-        planner = synthesis_planner(tr, synthesizer)
+        planner = synthesis_planner(tr.ctx, synthesizer)
     except NotLowerable as exc:
         planner, why = None, str(exc)
     if planner is not None and planner.streaming:

@@ -76,31 +76,37 @@ class SynthesisPlanner:
 
     def build_graph(self, query: QueryBundle, nodes: list[NodeWithScore],
                     additional_source_nodes: list[NodeWithScore] = ()) -> PGraph:
-        """The calls for these (non-empty) nodes. Output ``out``: the Response (its sources:
-        ``nodes`` then ``additional_source_nodes``, as ``synthesize`` lists them); when
-        streaming, the answer text, and the final decode is also output ``stream`` (its
-        tokens stream)."""
+        """The calls for these (non-empty) nodes, as ``synthesize`` makes them. Output ``out``:
+        the Response (its sources: ``nodes`` then ``additional_source_nodes``); when
+        streaming, the answer text, and the final decode is also output ``stream``."""
         synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
-        graph = PGraph(f"{type(synth).__name__}")
-        if isinstance(synth, SimpleSummarize):
-            answer = self._simple_summarize(graph, query.query_str, texts)
-        elif isinstance(synth, TreeSummarize):
-            answer = TreeLevels(self, query.query_str).build(graph, texts)
-        elif isinstance(synth, Accumulate):
-            answer = self._accumulate(graph, query.query_str, texts)
-        else:
-            chunks = synth._make_compact_text_chunks(query.query_str, texts) if isinstance(synth, CompactAndRefine) else texts
-            answer = RefineLoop(self, query.query_str, chunks).build(graph, None)
-        if self.streaming:
-            graph.output("out", answer)
-        else:
-            response = graph.add(Op.OPAQUE, name="response", inputs={"text": answer}, origin=type(synth).__name__,
-                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(
-                                     text, list(nodes) + list(additional_source_nodes))),
+        graph = self.answer_graph(query.query_str, texts, prepare=False)
+        if not self.streaming:
+            sources = list(nodes) + list(additional_source_nodes)
+            response = graph.add(Op.OPAQUE, name="response", inputs={"text": graph.outputs["out"]},
+                                 origin=type(synth).__name__,
+                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, sources)),
                                         "pure": True})
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph)
+
+    def answer_graph(self, query_str: str, texts: list[str], prepare: bool = True) -> PGraph:
+        """``get_response(query_str, texts)``'s calls: output ``out`` is the answer text it
+        returns; when streaming, the final decode is also output ``stream``."""
+        synth = self.synthesizer
+        graph = PGraph(f"{type(synth).__name__}")
+        if isinstance(synth, SimpleSummarize):
+            answer = self._simple_summarize(graph, query_str, texts)
+        elif isinstance(synth, TreeSummarize):
+            answer = TreeLevels(self, query_str).build(graph, texts)
+        elif isinstance(synth, Accumulate):
+            answer = self._accumulate(graph, query_str, texts)
+        else:
+            chunks = synth._make_compact_text_chunks(query_str, texts) if isinstance(synth, CompactAndRefine) else texts
+            answer = RefineLoop(self, query_str, chunks).build(graph, None)
+        graph.output("out", answer)
+        return self.prepare(graph) if prepare else graph
 
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
         return llm_call(graph, self.requests, template, prompt_args, origin)

@@ -30,9 +30,12 @@ from typing import Any
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+from llama_index.core.chat_engine.types import BaseChatEngine
 from llama_index.core.schema import QueryBundle
 
-from ..capture.llama_index import SUPPORTED, TraceContext, TracedApp, framework_passthrough, trace
+from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
+from ..capture.llama_index_models import engine_llm
+from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
@@ -160,6 +163,8 @@ class TeolaExecutor:
 
     def explain(self, target: Any) -> str:
         """Passes applied, the optimized graph as mermaid, and which components stayed opaque."""
+        if isinstance(target, BaseChatEngine):
+            return self._explain_chat_engine(target)
         app = self.traced(target)
         graph = self._prepare(app.graph)
         lines = [f"TeolaExecutor plan for {type(target).__name__}", ""]
@@ -335,6 +340,56 @@ class TeolaExecutor:
                 j.engine.forget(j.join_id, j.claim)
                 j.claim.release()
 
+    # -- chat engines: their own code (memory, condensing, prompts), their calls on Teola ----------
+    # A chat engine's turn is sequential glue around calls the executor already runs: the
+    # retriever / query engine (lowered graphs) and the synthesizer's LLM calls (``answer``).
+    # Running the engine's own code keeps its memory exactly plain's after every turn.
+    def chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
+        _require(chat_engine, BaseChatEngine, "chat")
+        with _running(self):
+            return chat_engine.chat(message, chat_history)
+
+    async def achat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
+        _require(chat_engine, BaseChatEngine, "achat")
+        with _running(self):
+            return await chat_engine.achat(message, chat_history)
+
+    def stream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
+        _require(chat_engine, BaseChatEngine, "stream_chat")
+        with _running(self):
+            return chat_engine.stream_chat(message, chat_history)
+
+    async def astream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
+        _require(chat_engine, BaseChatEngine, "astream_chat")
+        with _running(self):
+            return await chat_engine.astream_chat(message, chat_history)
+
+    def _explain_chat_engine(self, engine: Any) -> str:
+        lines = [f"TeolaExecutor plan for {type(engine).__name__}", "",
+                 "The chat engine runs LlamaIndex's own code (memory, condensing, prompts); the calls it "
+                 "makes run on Teola:"]
+        parts = [(what, getattr(engine, attr, None)) for what, attr in
+                 (("retrieval", "_retriever"), ("query engine", "_query_engine"))]
+        parts = [(what, part) for what, part in parts if part is not None]
+        for what, part in parts:
+            opaque = self.traced(part).opaque
+            lines.append(f"  - {what} ({type(part).__name__}): " +
+                         ("lowered" if not opaque else "; ".join(str(n) for n in opaque)))
+        llm = getattr(engine, "_llm", None)
+        if llm is not None and hasattr(engine, "_get_response_synthesizer"):  # answers through a synthesizer
+            try:
+                engine_llm(self.runtime, llm)
+                lines.append(f"  - the answer's LLM calls ({type(llm).__name__}): lowered (the synthesizer's calls)")
+            except NotLowerable as exc:
+                lines.append(f"  - the answer's LLM calls: LlamaIndex's own ({exc})")
+        elif not parts:
+            lines.append("  - the chat call (LLM.chat on the history): LlamaIndex's own call")
+        if hasattr(engine, "_condense_question"):
+            lines.append("  - the condense call (an LLM call on the history): LlamaIndex's own call")
+        for what, part in parts:
+            lines += ["", self.explain(part)]
+        return "\n".join(lines)
+
     # -- ingestion: node embeddings of a VectorStoreIndex (capture/llama_index_ingest.py) -------------
     def embed_index_nodes(self, index: Any, nodes: Sequence[Any]) -> list[Any] | None:
         """``VectorStoreIndex._get_node_with_embedding(nodes)`` with the missing embeddings
@@ -378,22 +433,31 @@ class TeolaExecutor:
         if not nodes:  # as BaseSynthesizer: no LLM call, the empty answer as the stream
             gen = synth._empty_response_agenerator() if async_ else synth._empty_response_generator()
             return (AsyncStreamingResponse if async_ else StreamingResponse)(response_gen=gen)
-        graph = planner.build_graph(query, nodes)
+        tokens = self._token_stream(planner.build_graph(query, nodes), query_id, started, async_)
+        metadata = synth._get_metadata_for_response([n.node for n in nodes])
+        if async_:
+            return AsyncStreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
+        return StreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
+
+    def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool) -> Any:
+        """Run ``graph`` now; a (sync or async) generator of the tokens of its ``stream``
+        output's decode. A failure of the run surfaces where the stream is read; a stream
+        abandoned early stops the run."""
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
+        self.last_query_id = query_id
         future = self.runtime.submit(self.runtime.execute(
             graph, {}, query_id=query_id, timeout_s=self._left(started), on_token=tokens.put,
             token_nodes=token_nodes))
         future.add_done_callback(lambda _: tokens.put(_END))
-        metadata = synth._get_metadata_for_response([n.node for n in nodes])
 
         def token_gen() -> Iterator[str]:
             try:
                 while (token := tokens.get()) is not _END:
                     yield token
-                future.result()  # a failure of the synthesis surfaces where the stream is read
+                future.result()
             finally:
-                future.cancel()  # abandoned early: stop generating (no-op once done)
+                future.cancel()  # no-op once done
 
         async def async_token_gen() -> AsyncIterator[str]:
             try:
@@ -403,9 +467,43 @@ class TeolaExecutor:
             finally:
                 future.cancel()
 
-        if async_:
-            return AsyncStreamingResponse(async_token_gen(), source_nodes=list(nodes), metadata=metadata)
-        return StreamingResponse(token_gen(), source_nodes=list(nodes), metadata=metadata)
+        return async_token_gen() if async_ else token_gen()
+
+    # -- call level: a synthesizer asked by code Teola runs as it is (chat engines, agents) ------
+    def answer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+        """``synthesizer.get_response(query_str, text_chunks)`` computed on Teola's engines:
+        the answer text, or a token generator when the synthesizer streams; ``None`` when
+        Teola does not lower it (the caller runs its own code)."""
+        graph = self._answer_graph(synthesizer, query_str, text_chunks)
+        if graph is None:
+            return None
+        query_id, started = _new_query_id(), time.monotonic()
+        if synthesizer._streaming:
+            return self._token_stream(graph, query_id, started, async_=False)
+        return self.runtime.run_sync(self._run_graph(graph, query_id))
+
+    async def aanswer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+        graph = self._answer_graph(synthesizer, query_str, text_chunks)
+        if graph is None:
+            return None
+        query_id, started = _new_query_id(), time.monotonic()
+        if synthesizer._streaming:
+            return self._token_stream(graph, query_id, started, async_=True)
+        return await self.runtime.run_async(self._run_graph(graph, query_id))
+
+    def _answer_graph(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> PGraph | None:
+        if not text_chunks or not isinstance(query_str, str):  # LlamaIndex's own answer and errors
+            return None
+        try:
+            planner = synthesis_planner(self._trace_context(), synthesizer)
+        except NotLowerable:
+            return None
+        return planner.answer_graph(query_str, list(text_chunks))
+
+    async def _run_graph(self, graph: PGraph, query_id: str) -> Any:
+        self.last_query_id = query_id
+        outputs = await self.runtime.execute(graph, {}, query_id=query_id, timeout_s=self.timeout_s)
+        return outputs["out"]
 
 
 _END = object()

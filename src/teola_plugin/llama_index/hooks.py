@@ -4,7 +4,9 @@ LlamaIndex has no executor setting; ``Settings`` is a plain object, so ``Setting
 TeolaExecutor()`` only stores the executor. :func:`install` wraps four methods once —
 ``BaseQueryEngine.query`` / ``aquery`` and ``BaseRetriever.retrieve`` / ``aretrieve`` — so each
 call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs the original.
-It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding step of
+The five LLM synthesizers' ``get_response`` / ``aget_response`` are wrapped too, so a
+``synthesize`` called by code that runs as it is (a chat engine) has its LLM calls planned
+and run by the executor. It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding step of
 ``from_documents`` / ``insert`` / ``insert_nodes``), which the executor computes on its
 embedder engine when that engine serves the index's embed model.
 Deferred ingestion's hooks (record nodes, flush before reads) are in ``ingest_hooks``; the
@@ -26,6 +28,7 @@ from typing import Any
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.indices.vector_store.base import VectorStoreIndex
+from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize
 from llama_index.core.settings import Settings
 
 from ..capture.llama_index import in_passthrough
@@ -101,6 +104,41 @@ def _route_embeddings_async(original: Callable[..., Any], run: Callable[..., Any
     return routed
 
 
+def _route_answer(cls: type) -> Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]:
+    """``get_response`` of one synthesizer class (its exact instances): the LLM calls of a
+    ``synthesize`` made by code that runs as it is (a chat engine, an agent's tool, user code)
+    go to the executor; ``synthesize`` itself (events, empty input, sources) stays plain's."""
+    def wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
+            executor = None if type(self) is not cls or response_kwargs else active_executor(self)
+            answer = None if executor is None else run(executor, self, query_str, text_chunks)
+            return _bound(original, self)(query_str, text_chunks, **response_kwargs) if answer is None else answer
+
+        setattr(routed, _ORIGINAL, original)
+        return routed
+
+    return wrap
+
+
+def _route_answer_async(cls: type) -> Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]:
+    def wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
+            executor = None if type(self) is not cls or response_kwargs else active_executor(self)
+            answer = None if executor is None else await run(executor, self, query_str, text_chunks)
+            if answer is None:
+                return await _bound(original, self)(query_str, text_chunks, **response_kwargs)
+            return answer
+
+        setattr(routed, _ORIGINAL, original)
+        return routed
+
+    return wrap
+
+
+_SYNTHESIZERS = (CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
+
 # The executor's entry points run inside LlamaIndex's own instrumentation (span, query /
 # retrieval events, callback trace), as the methods they replace would.
 _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[..., Any]], ...] = (
@@ -110,6 +148,8 @@ _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[...,
     (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
     (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
     (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
+    *((cls, "get_response", _route_answer(cls), TeolaExecutor.answer) for cls in _SYNTHESIZERS),
+    *((cls, "aget_response", _route_answer_async(cls), TeolaExecutor.aanswer) for cls in _SYNTHESIZERS),
 )
 
 

@@ -1,0 +1,95 @@
+"""Chat engines as ``index.as_chat_engine(...)`` builds them, on the session's vLLM server.
+
+The chat engine runs its own code (memory, condensing, prompts) and the calls it makes run
+on Teola: the retrieval graph, and the synthesizer's LLM calls (``get_response`` is
+routed to ``TeolaExecutor.answer``). Plain and Teola turns must send the same request bodies,
+answer alike, stream alike and leave the same memory after every turn, through
+``executor.chat`` / ``achat`` / ``stream_chat`` / ``astream_chat`` and through the engine's
+own methods under ``Settings.executor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llama_index.core import Settings
+from llama_index.core.chat_engine.types import AgentChatResponse, StreamingAgentChatResponse
+
+from tests.test_llama_index import executor, plain_settings  # noqa: F401
+from tests.test_served_models import bodies, embed_model, openai_like, squad_index  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+TURNS = ["How many points did the Panthers defense surrender?", "And who won the game?"]
+
+
+def history(engine) -> list[tuple[str, str]]:
+    return [(m.role.value, m.content) for m in engine.chat_history]
+
+
+def stream_text(response: StreamingAgentChatResponse) -> list[str]:
+    return list(response.response_gen)  # ends once the engine's own thread wrote the memory
+
+
+async def astream_text(response: StreamingAgentChatResponse) -> list[str]:
+    return [t async for t in response.async_response_gen()]  # ends once the memory is written
+
+
+def turns(engine, chat, stream_chat, achat) -> list:
+    """Two turns, a streamed turn and an async turn, as an app makes them."""
+    answers = [chat(engine, t) for t in TURNS]
+    streamed = stream_text(stream_chat(engine, "Where was it played?"))
+    last = asyncio.run(achat(engine, "Who was the most valuable player?"))
+    assert all(type(a) is AgentChatResponse for a in answers + [last])
+    return [a.response for a in answers] + [streamed, last.response]
+
+
+@pytest.mark.parametrize("mode", ["condense_plus_context", "context", "condense_question"])
+def test_chat_engine_turns_send_plain_requests_and_leave_plain_memory(mode, recording_proxy, squad_index,
+                                                                      executor):
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    plain_engine = squad_index.as_chat_engine(chat_mode=mode, llm=llm, similarity_top_k=2)
+    teola_engine = squad_index.as_chat_engine(chat_mode=mode, llm=llm, similarity_top_k=2)
+    plain = turns(plain_engine, lambda e, m: e.chat(m), lambda e, m: e.stream_chat(m), lambda e, m: e.achat(m))
+    sent_plain = recording_proxy.take()
+    teola = turns(teola_engine, executor.chat, executor.stream_chat, executor.achat)
+    sent_teola = recording_proxy.take()
+    assert teola == plain and all(plain)
+    assert history(teola_engine) == history(plain_engine) and len(history(plain_engine)) == 8
+    assert bodies(sent_teola) == bodies(sent_plain)
+    answered = {s.op for s in executor.runtime.timeline.spans([executor.last_query_id])}
+    assert {"llm_prefill", "llm_decode"} <= answered  # the last answer's calls ran on Teola
+
+
+def test_chat_engine_under_settings_executor_and_async_streaming(recording_proxy, squad_index, executor):
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    plain_engine = squad_index.as_chat_engine(llm=llm, similarity_top_k=2)  # CondensePlusContextChatEngine
+    teola_engine = squad_index.as_chat_engine(llm=llm, similarity_top_k=2)
+
+    async def conversation(engine) -> list:
+        first = (await engine.achat(TURNS[0])).response
+        streamed = await astream_text(await engine.astream_chat(TURNS[1]))
+        return [first, streamed]
+
+    plain = asyncio.run(conversation(plain_engine))
+    sent_plain = recording_proxy.take()
+    Settings.executor = executor
+    teola = asyncio.run(conversation(teola_engine))
+    sent_teola = recording_proxy.take()
+    assert teola == plain and len(plain[1]) > 1
+    assert history(teola_engine) == history(plain_engine)
+    assert bodies(sent_teola) == bodies(sent_plain)
+
+
+def test_chat_engine_explain_and_bad_input(squad_index, executor, model_server):
+    llm = openai_like(model_server.base_url, is_chat_model=True, context_window=2048)
+    engine = squad_index.as_chat_engine(llm=llm)
+    explained = executor.explain(engine)
+    assert "retrieval (VectorIndexRetriever): lowered" in explained
+    assert "the answer's LLM calls (OpenAILike): lowered" in explained
+    assert "condense call" in explained
+    with pytest.raises(TypeError, match="executor.chat"):
+        executor.query(engine, TURNS[0])
+    with pytest.raises(TypeError, match="chat takes a BaseChatEngine"):
+        executor.chat(squad_index.as_query_engine(llm=llm), TURNS[0])
