@@ -350,8 +350,8 @@ def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None,
 
 
 # -- entry point -----------------------------------------------------------------------------
-SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine and SubQuestionQueryEngine "
-             "are lowered to primitives, others run as one opaque step whose own query engine and retriever "
+SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine, SubQuestionQueryEngine and "
+             "RouterQueryEngine are lowered to primitives, others run as one opaque step whose own query engine and retriever "
              "calls are still Teola's) and retrievers (BaseRetriever: VectorIndexRetriever, "
              "QueryFusionRetriever and BM25Retriever are lowered); chat engines (BaseChatEngine) through "
              "executor.chat / achat / stream_chat / astream_chat")
@@ -382,6 +382,7 @@ def _register_builtin_rules() -> None:
         llama_index_fusion,
         llama_index_models,
         llama_index_postprocessors,
+        llama_index_router,
         llama_index_rules,
         llama_index_sub_question,
     )

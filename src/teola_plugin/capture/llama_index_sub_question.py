@@ -35,10 +35,12 @@ from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..runtime.handlers import Expansion
-from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, TracedApp, lowering_rule
+from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .llama_index_models import engine_llm
 from .llama_index_rules import synthesis_planner
-from .llama_index_synthesis import SynthesisPlanner, llm_call
+from .llama_index_predict import PredictAndParse
+from .llama_index_synthesis import SynthesisPlanner
+from .llama_index_tools import EngineGraphs
 
 
 @lowering_rule(QUERY_ENGINE_RULES, SubQuestionQueryEngine)
@@ -52,18 +54,12 @@ def lower_sub_question_engine(tr: LlamaIndexTracer, engine: SubQuestionQueryEngi
     if planner is not None and planner.streaming:
         raise NotLowerable("a streaming response synthesizer (the engine runs its own code, its "
                            "sub-queries still on Teola)")
-    tools = {name: tr.trace_nested(query_engine) for name, query_engine in engine._query_engines.items()}
-    for name, app in tools.items():
-        if app.streaming_synthesis is not None:
-            raise NotLowerable(f"tool {name!r} streams its response (the engine runs its own code, its "
-                               "sub-queries still on Teola)")
-    for name, app in tools.items():
-        tr.adopt(app, f"tool {name}")
+    tools = EngineGraphs(tr, engine._query_engines, "tool")
     questions = _question_generation(tr, engine, origin)
-    answers = tr.cpu_step("sub_queries", SubQueries(engine, tools, tr.ctx.prepare_expansion),
+    answers = tr.cpu_step("sub_queries", SubQueries(engine, tools),
                           {"query": tr.query, "sub_questions": questions}, origin, pure=False)
     tr.note(answers.node, engine, "expands",
-            f"expands at run time into one sub-graph per generated sub-question (tools: {', '.join(tools)}), "
+            f"expands at run time into one sub-graph per generated sub-question (tools: {', '.join(tools.apps)}), "
             "run concurrently")
     collect = Collect(engine, planner)
     response = tr.cpu_step("synthesize", collect, {"query": tr.query, "answers": answers}, origin, pure=False)
@@ -85,37 +81,17 @@ def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, o
         except NotLowerable as exc:
             why = f"question generation: {exc}"
         else:
-            step = QuestionGeneration(generator, requests, metadatas, tr.ctx.prepare_expansion)
+            tools_str, prompt = build_tools_text(metadatas), generator._prompt
+            step = PredictAndParse(requests, prompt, lambda query: {"tools_str": tools_str, "query_str": query.query_str},
+                                   lambda text: prompt.output_parser.parse(text).parsed_output,
+                                   "LLMQuestionGenerator", tr.ctx.prepare_expansion)
             ref = tr.cpu_step("question_gen", step, {"query": tr.query}, origin, pure=False)
-            tr.note(ref.node, generator, "expands",
-                    f"expands at run time into one prompt -> llm_prefill -> llm_decode chain on {requests.engine_name}")
+            tr.note(ref.node, generator, "expands", step.describe())
             return ref
     else:
         why = f"question generator {type(generator).__name__} is not lowered (its own generate runs)"
     return tr.opaque("question_gen", generator, lambda query: generator.generate(metadatas, query),
                      {"query": tr.query}, why)
-
-
-class QuestionGeneration:
-    """(query) -> Expansion: ``predict(prompt, tools_str, query_str)`` as prompt -> prefill ->
-    decode -> the prompt's output parser, giving the ``SubQuestion`` list."""
-
-    def __init__(self, generator: LLMQuestionGenerator, requests: Any, metadatas: list[Any], prepare: Any) -> None:
-        self.generator = generator
-        self.requests = requests
-        self.tools_str = build_tools_text(metadatas)
-        self.prepare = prepare
-        self.__qualname__ = "question_gen[LLMQuestionGenerator]"
-
-    def __call__(self, query: QueryBundle) -> Expansion:
-        prompt = self.generator._prompt
-        graph = PGraph("question_gen")
-        text = llm_call(graph, self.requests, prompt, {"tools_str": self.tools_str, "query_str": query.query_str},
-                        "LLMQuestionGenerator")
-        parsed = graph.add(Op.OPAQUE, name="parse_sub_questions", inputs={"text": text}, origin="LLMQuestionGenerator",
-                           attrs={"fn": lambda text: prompt.output_parser.parse(text).parsed_output, "pure": True})
-        graph.output("out", parsed.out())
-        return Expansion(self.prepare(graph), {})
 
 
 @dataclass(frozen=True)
@@ -132,19 +108,10 @@ class SubQueries:
     """(query, sub-questions) -> Expansion: each sub-question's tool graph, all independent;
     the output is the list of :class:`SubAnswer`."""
 
-    def __init__(self, engine: SubQuestionQueryEngine, tools: dict[str, TracedApp], prepare: Any) -> None:
+    def __init__(self, engine: SubQuestionQueryEngine, tools: EngineGraphs) -> None:
         self.engine = engine
         self.tools = tools
-        self.graphs: dict[str, PGraph] = {}  # each tool's graph, optimized once
-        self.prepare = prepare
         self.__qualname__ = "sub_queries[SubQuestionQueryEngine]"
-
-    def tool_graph(self, name: str) -> PGraph:
-        if name not in self.graphs:
-            graph = self.tools[name].graph.copy()
-            graph.output("out", graph.outputs["response"])
-            self.graphs[name] = self.prepare(graph)
-        return self.graphs[name]
 
     def __call__(self, query: QueryBundle, sub_questions: list[Any]) -> Expansion:
         graph = PGraph("sub_queries")
@@ -162,18 +129,14 @@ class SubQueries:
         if sub_q.tool_name not in self.tools:  # _query_subq's KeyError: logged, left out
             _log_failure(sub_q, KeyError(sub_q.tool_name))
             return SubAnswer(sub_q, None, asked=False)
-        app = self.tools[sub_q.tool_name]
 
         def failed(exc: Exception) -> dict[str, Any]:
             _log_failure(sub_q, exc)
             return {"out": SubAnswer(sub_q, None, asked=True)}
 
-        answer = self.tool_graph(sub_q.tool_name).copy()
-        wrap = answer.add(Op.OPAQUE, name="sub_answer", inputs={"response": answer.outputs["out"]},
-                          origin=type(self.engine).__name__,
-                          attrs={"fn": lambda response: SubAnswer(sub_q, response, asked=True), "pure": True})
-        answer.output("out", wrap.out())
-        return Expansion(answer, app.inputs_for(QueryBundle(sub_q.sub_question)), recover=(Exception, failed))
+        return self.tools.query(sub_q.tool_name, QueryBundle(sub_q.sub_question),
+                                then=lambda response: SubAnswer(sub_q, response, asked=True),
+                                recover=(Exception, failed))
 
 
 def _log_failure(sub_q: Any, exc: Exception) -> None:

@@ -1,0 +1,44 @@
+"""One ``llm.predict(prompt, **args)`` whose answer a component parses: a question
+generator's sub-questions, a selector's choice.
+
+At run time (the arguments hold the query) it expands into prompt -> llm_prefill ->
+llm_decode (-> the LLM's own output parser), as ``llm_call`` builds every lowered
+``predict``, then the component's own parsing of the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llama_index.core.schema import QueryBundle
+
+from ..ir.graph import PGraph
+from ..ir.ops import Op
+from ..runtime.handlers import Expansion
+from .llama_index_synthesis import llm_call
+
+
+class PredictAndParse:
+    """(query) -> Expansion whose output is ``parse(llm.predict(prompt, **args(query)))``."""
+
+    def __init__(self, requests: Any, prompt: Any, args: Callable[[QueryBundle], dict[str, Any]],
+                 parse: Callable[[str], Any], origin: str, prepare: Callable[[PGraph], PGraph]) -> None:
+        self.requests = requests  # the tracer's EngineBackedLLM for the component's LLM
+        self.prompt = prompt
+        self.args = args
+        self.parse = parse
+        self.origin = origin
+        self.prepare = prepare
+        self.__qualname__ = f"predict[{origin}]"
+
+    def describe(self) -> str:
+        return f"expands at run time into one prompt -> llm_prefill -> llm_decode chain on {self.requests.engine_name}"
+
+    def __call__(self, query: QueryBundle) -> Expansion:
+        graph = PGraph(f"{self.origin}_predict")
+        text = llm_call(graph, self.requests, self.prompt, self.args(query), self.origin)
+        parsed = graph.add(Op.OPAQUE, name="parse", inputs={"text": text}, origin=self.origin,
+                           attrs={"fn": self.parse, "pure": True})
+        graph.output("out", parsed.out())
+        return Expansion(self.prepare(graph), {})
