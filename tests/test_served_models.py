@@ -311,3 +311,41 @@ def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy,
     plain = chat.invoke({"question": QUESTIONS[1]}, config={"callbacks": [plain_seen]})
     teola = TeolaRunnable(chat, runtime=runtime).invoke({"question": QUESTIONS[1]}, config={"callbacks": [teola_seen]})
     assert teola.content == plain.content and teola_seen.seen == plain_seen.seen
+
+
+@pytest.mark.parametrize("mode", ["chat", "completion"])
+def test_lowered_calls_fire_the_llms_own_events(mode, model_server, squad_index, executor):
+    """TokenCountingHandler counts what plain counts (the server's usage); the dispatcher
+    sees the LLM's start / end events, as LLM.chat / complete fire them."""
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+    class Names(BaseEventHandler):
+        names: list = []
+
+        def handle(self, event, **kwargs) -> None:
+            if event.class_name().startswith("LLM"):
+                self.names.append(event.class_name())
+
+    counter, names, before = TokenCountingHandler(), Names(), Settings.callback_manager
+    Settings.callback_manager = CallbackManager([counter])  # as the docs set it up, before the app
+    root = get_dispatcher()
+    root.add_event_handler(names)
+    try:
+        llm = openai_like(model_server.base_url, is_chat_model=mode == "chat", context_window=2048)
+        engine = squad_index.as_query_engine(llm=llm, similarity_top_k=3, response_mode="tree_summarize")
+        seen = []
+        for run in (engine.query, lambda q: executor.query(engine, q)):
+            counter.reset_counts()
+            names.names.clear()
+            run(QUESTIONS[0])
+            seen.append((counter.prompt_llm_token_count, counter.completion_llm_token_count,
+                         len(counter.llm_token_counts), sorted(names.names)))
+    finally:
+        root.event_handlers.remove(names)
+        Settings.callback_manager = before
+    plain, teola = seen
+    assert teola == plain and plain[0] > 0 and plain[1] > 0
+    kind = "Chat" if mode == "chat" else "Completion"
+    assert {f"LLM{kind}StartEvent", f"LLM{kind}EndEvent"} <= set(plain[3])

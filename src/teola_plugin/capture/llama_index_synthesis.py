@@ -38,6 +38,7 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from ..runtime.handlers import Expansion
 from .llama_index import framework_call
+from .llama_index_llm_events import LLMEvents
 
 EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
 CHARS_PER_TOKEN = 4
@@ -239,9 +240,18 @@ def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any]
                                   if getattr(llm, "streamed_request", None) else {})})
     decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
                        attrs={"max_tokens": llm.max_tokens})
+    text = decode.out("text")
+    events = LLMEvents.of(llm, template, prompt_args)
+    if events is not None:  # the LLM's own callback / instrumentation events, for its listeners
+        started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs={"prompt": prompt.out()},
+                            origin=origin, attrs={"fn": framework_call(events.start), "pure": False})
+        ended = graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
+                          inputs={"started": started.out(), "text": text, "response": decode.out("response")},
+                          origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
+        text = ended.out()
     if llm.output_parser is None:
-        return decode.out("text")
-    parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": decode.out("text")},
+        return text
+    parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
                       origin=origin, attrs={"fn": framework_call(llm.parse_output), "pure": True})
     return parse.out()
 

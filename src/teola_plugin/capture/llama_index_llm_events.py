@@ -1,0 +1,115 @@
+"""LlamaIndex's own LLM events for a lowered ``llm.predict``, as the LLM would fire them.
+
+A lowered call never runs ``LLM.chat`` / ``complete``, whose decorators
+(``llama_index.core.llms.callbacks``) report it: the callback manager's ``LLM`` event (what
+``TokenCountingHandler`` counts and ``LlamaDebugHandler`` lists) and the dispatcher's
+``LLMChatStartEvent`` / ``LLMChatEndEvent`` (``LLMCompletion...`` for a completion model),
+which instrumentation handlers (Langfuse, Phoenix) read, inside ``predict``'s own
+``LLMPredictStartEvent`` / ``LLMPredictEndEvent``. Two CPU steps stand in: ``llm_start``
+beside the prefill (the messages or prompt ``predict`` builds, by the LLM's own
+``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the decode (the response with the
+server's reply as ``raw`` and its token counts, so usage-based counters count what plain
+counts). They are added only when someone listens (a callback handler on the LLM's manager,
+an event handler on the dispatcher chain); per-token ``...InProgressEvent``s of a streamed
+call are not fired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.llm import (
+    LLMChatEndEvent,
+    LLMChatStartEvent,
+    LLMCompletionEndEvent,
+    LLMCompletionStartEvent,
+    LLMPredictEndEvent,
+    LLMPredictStartEvent,
+)
+from llama_index.core.instrumentation.span import active_span_id
+from llama_index.core.llms import callbacks as llm_callbacks
+from llama_index.core.llms import llm as llm_module
+
+
+@dataclass(frozen=True)
+class StartedCall:
+    """What ``llm_start`` hands ``llm_end``: the callback event's id and what was sent."""
+
+    event_id: str
+    sent: Any  # the messages (chat) or the formatted prompt (completion)
+    span_id: str | None
+
+
+def _listened(llm: Any) -> bool:
+    manager = getattr(llm, "callback_manager", None)
+    if manager is not None and manager.handlers:
+        return True
+    d = llm_callbacks.dispatcher
+    while d is not None:
+        if any(type(h).__name__ != "NullEventHandler" for h in d.event_handlers):
+            return True
+        d = d.parent if d.propagate else None
+    return False
+
+
+class LLMEvents:
+    """The start / end steps of one lowered ``llm.predict(template, **prompt_args)``."""
+
+    def __init__(self, llm: Any, template: Any, prompt_args: dict[str, Any]) -> None:
+        self.llm = llm
+        self.template = template
+        self.prompt_args = prompt_args
+        self.chat = bool(llm.metadata.is_chat_model)
+        self.__qualname__ = f"llm_events[{type(llm).__name__}]"
+
+    @classmethod
+    def of(cls, requests: Any, template: Any, prompt_args: dict[str, Any]) -> LLMEvents | None:
+        """None when nobody listens (then nothing is added to the graph)."""
+        llm = getattr(requests, "llm", requests)  # a served / Vllm request builder's own LLM
+        return cls(llm, template, prompt_args) if _listened(llm) else None
+
+    def _model_dict(self) -> dict[str, Any]:
+        payload = getattr(self.llm, "to_payload", None)
+        return payload() if payload is not None else self.llm.to_dict()
+
+    def start(self, prompt: Any = None) -> StartedCall:
+        llm, model_dict, span_id = self.llm, self._model_dict(), active_span_id.get()
+        manager = llm.callback_manager
+        llm_module.dispatcher.event(LLMPredictStartEvent(template=self.template, template_args=self.prompt_args,
+                                                         span_id=span_id))
+        if self.chat:
+            sent = llm._get_messages(self.template, **self.prompt_args)
+            llm_callbacks.dispatcher.event(LLMChatStartEvent(model_dict=model_dict, messages=sent,
+                                                             additional_kwargs={}, span_id=span_id))
+            event_id = manager.on_event_start(CBEventType.LLM, payload={
+                EventPayload.MESSAGES: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: model_dict})
+        else:
+            sent, kwargs = llm._get_prompt(self.template, **self.prompt_args), {"formatted": True}
+            llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=model_dict, prompt=sent,
+                                                                   additional_kwargs=kwargs, span_id=span_id))
+            event_id = manager.on_event_start(CBEventType.LLM, payload={
+                EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: model_dict})
+        return StartedCall(event_id, sent, span_id)
+
+    def end(self, started: StartedCall, text: str, response: Any = None) -> str:
+        llm, manager = self.llm, self.llm.callback_manager
+        counts = getattr(llm, "_get_response_token_counts", None)
+        extra = counts(response) if counts is not None and response is not None else {}
+        if self.chat:
+            reply = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), raw=response,
+                                 additional_kwargs=extra)
+            manager.on_event_end(CBEventType.LLM, payload={EventPayload.MESSAGES: started.sent,
+                                                           EventPayload.RESPONSE: reply}, event_id=started.event_id)
+            llm_callbacks.dispatcher.event(LLMChatEndEvent(messages=started.sent, response=reply,
+                                                           span_id=started.span_id))
+        else:
+            reply = CompletionResponse(text=text, raw=response, additional_kwargs=extra)
+            manager.on_event_end(CBEventType.LLM, payload={EventPayload.PROMPT: started.sent,
+                                                           EventPayload.COMPLETION: reply}, event_id=started.event_id)
+            llm_callbacks.dispatcher.event(LLMCompletionEndEvent(prompt=started.sent, response=reply,
+                                                                 span_id=started.span_id))
+        llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text), span_id=started.span_id))
+        return text
