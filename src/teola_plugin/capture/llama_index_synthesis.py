@@ -240,15 +240,14 @@ def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any]
                                   if getattr(llm, "streamed_request", None) else {})})
     decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
                        attrs={"max_tokens": llm.max_tokens})
-    text = decode.out("text")
+    text = decode.out("text")  # the decode's own: a caller may stream its tokens
     events = LLMEvents.of(llm, template, prompt_args)
-    if events is not None:  # the LLM's own callback / instrumentation events, for its listeners
+    if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)
         started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs={"prompt": prompt.out()},
                             origin=origin, attrs={"fn": framework_call(events.start), "pure": False})
-        ended = graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
-                          inputs={"started": started.out(), "text": text, "response": decode.out("response")},
-                          origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
-        text = ended.out()
+        graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
+                  inputs={"started": started.out(), "text": text, "response": decode.out("response")},
+                  origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
     if llm.output_parser is None:
         return text
     parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
