@@ -349,3 +349,19 @@ def test_lowered_calls_fire_the_llms_own_events(mode, model_server, squad_index,
     assert teola == plain and plain[0] > 0 and plain[1] > 0
     kind = "Chat" if mode == "chat" else "Completion"
     assert {f"LLM{kind}StartEvent", f"LLM{kind}EndEvent"} <= set(plain[3])
+
+
+def test_summary_index_query_engine_is_lowered(recording_proxy, executor):
+    from llama_index.core import SummaryIndex
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    index = SummaryIndex.from_documents([Document(text=p.text, id_=p.id)
+                                         for p in datasets.load_corpus("squad-xquad-en")[:3]])
+    engine = index.as_query_engine(llm=llm)
+    assert executor.traced(engine).opaque == []
+    plain = engine.query(QUESTIONS[0])
+    sent_plain = recording_proxy.take()
+    teola = executor.query(engine, QUESTIONS[0])
+    assert str(teola) == str(plain) and [n.node.node_id for n in teola.source_nodes] == [
+        n.node.node_id for n in plain.source_nodes] and len(plain.source_nodes) == 3
+    assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain

@@ -6,6 +6,8 @@
   no query instruction, the directory's own ``max_seq_length``. Then the query embedding
   becomes an ``embed`` primitive (batched with other queries); else it stays the model's
   own call, and the reason is noted.
+* ``SummaryIndexRetriever`` (``SummaryIndex.as_query_engine()``) returns every node of its
+  index: a CPU step calling its own ``retrieve``, not reported as opaque.
 * ``BM25Retriever`` (llama-index-retrievers-bm25) keeps its own index and tokenizer (stemmer,
   stopwords), which Teola's ``search`` engine (its own BM25 over its own corpus) does not
   reproduce, so it is a pure CPU step calling its own ``retrieve``: it still runs
@@ -15,6 +17,8 @@
 from __future__ import annotations
 
 from typing import Any
+
+from llama_index.core.indices.list.retrievers import SummaryIndexRetriever
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
@@ -73,6 +77,15 @@ def _register_bm25() -> None:
 
 
 _register_bm25()
+
+
+@lowering_rule(RETRIEVER_RULES, SummaryIndexRetriever)
+def lower_summary_index_retriever(tr: LlamaIndexTracer, retriever: SummaryIndexRetriever) -> Ref:
+    """``SummaryIndexRetriever`` returns every node of its index, read from the docstore: no
+    engine work, so a CPU step calling its own ``retrieve`` (the synthesis after it is lowered
+    as any query engine's)."""
+    return tr.cpu_step("summary_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
+                       type(retriever).__name__, pure=False)
 
 
 # -- LLMs --------------------------------------------------------------------------------------
