@@ -82,7 +82,8 @@ def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, o
             why = f"question generation: {exc}"
         else:
             tools_str, prompt = build_tools_text(metadatas), generator._prompt
-            step = PredictAndParse(requests, prompt, lambda query: {"tools_str": tools_str, "query_str": query.query_str},
+            step = PredictAndParse(requests, prompt,
+                                   lambda query: {"tools_str": tools_str, "query_str": query.query_str},
                                    lambda text: prompt.output_parser.parse(text).parsed_output,
                                    "LLMQuestionGenerator", tr.ctx.prepare_expansion)
             ref = tr.cpu_step("question_gen", step, {"query": tr.query}, origin, pure=False)

@@ -87,8 +87,8 @@ class SynthesisPlanner:
             sources = list(nodes) + list(additional_source_nodes)
             response = graph.add(Op.OPAQUE, name="response", inputs={"text": graph.outputs["out"]},
                                  origin=type(synth).__name__,
-                                 attrs={"fn": framework_call(lambda text: synth._prepare_response_output(text, sources)),
-                                        "pure": True})
+                                 attrs={"fn": framework_call(
+                                     lambda text: synth._prepare_response_output(text, sources)), "pure": True})
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph)
 

@@ -6,16 +6,16 @@ TeolaExecutor()`` only stores the executor. :func:`install` wraps four methods o
 call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs the original.
 The five LLM synthesizers' ``get_response`` / ``aget_response`` are wrapped too, so a
 ``synthesize`` called by code that runs as it is (a chat engine) has its LLM calls planned
-and run by the executor. It also wraps ``VectorStoreIndex._(a)get_node_with_embedding`` (the embedding step of
-``from_documents`` / ``insert`` / ``insert_nodes``), which the executor computes on its
-embedder engine when that engine serves the index's embed model.
+and run by the executor. It also wraps ``VectorStoreIndex._(a)get_node_with_embedding``
+(the embedding step of ``from_documents`` / ``insert`` / ``insert_nodes``), which the
+executor computes on its embedder engine when that engine serves the index's embed model.
 Deferred ingestion's hooks (record nodes, flush before reads) are in ``ingest_hooks``; the
 query / retrieve wrappers here flush pending ingestion first when no executor runs the call.
 Calls the executor itself makes into the framework run the originals: the lowering's glue
 (``capture.llama_index.framework_passthrough``) and an opaque component's calls on itself
 (``running_own_code``); the query engines and retrievers an opaque component calls in turn
-(a sub-question engine's sub-queries, a router's choice) are run by the executor, lowered. Subclasses that override these methods
-keep their own code.
+(a custom engine's retriever, a synthesizer it calls) are run by the executor, lowered.
+Subclasses that override these methods keep their own code.
 """
 
 from __future__ import annotations
