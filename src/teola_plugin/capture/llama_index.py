@@ -351,10 +351,10 @@ def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None,
 
 # -- entry point -----------------------------------------------------------------------------
 SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine, SubQuestionQueryEngine and "
-             "RouterQueryEngine are lowered to primitives, others run as one opaque step whose own query engine and retriever "
-             "calls are still Teola's) and retrievers (BaseRetriever: VectorIndexRetriever, "
-             "QueryFusionRetriever and BM25Retriever are lowered); chat engines (BaseChatEngine) through "
-             "executor.chat / achat / stream_chat / astream_chat")
+             "RouterQueryEngine are lowered to primitives, others run as one opaque step whose own query "
+             "engine and retriever calls are still Teola's) and retrievers (BaseRetriever: "
+             "VectorIndexRetriever, QueryFusionRetriever, BM25Retriever and SummaryIndexRetriever are "
+             "lowered); chat engines (BaseChatEngine) through executor.chat / achat / stream_chat / astream_chat")
 
 
 def trace(target: Any, ctx: TraceContext) -> TracedApp:
