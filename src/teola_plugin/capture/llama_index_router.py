@@ -30,7 +30,6 @@ from llama_index.core.selectors.llm_selectors import (
 )
 from llama_index.core.utils import print_text
 
-from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..runtime.handlers import Expansion
@@ -38,7 +37,7 @@ from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, low
 from .llama_index_models import engine_llm
 from .llama_index_predict import PredictAndParse
 from .llama_index_rules import synthesis_planner
-from .llama_index_tools import EngineGraphs
+from .llama_index_tools import EngineGraphs, run_all
 
 
 @lowering_rule(QUERY_ENGINE_RULES, RouterQueryEngine)
@@ -110,20 +109,12 @@ class Route:
             except ValueError as e:
                 raise ValueError("Failed to select query engine") from e
             return self.engines.query(ind, query, then=with_result)
-        graph = PGraph("routes")
-        answers = {}
         for i, ind in enumerate(selection.inds):
             self._chosen(ind, selection.reasons[i])
             self.router._query_engines[ind]  # an index out of range: plain's IndexError, here
-            step = graph.add(Op.OPAQUE, name=f"choice_{i}", origin=type(self.router).__name__,
-                             attrs={"fn": lambda ind=ind: self.engines.query(ind, query), "pure": False})
-            answers[f"r{i}"] = step.out()
-        combined = graph.add(Op.OPAQUE, name="combine", inputs=answers, origin=type(self.router).__name__,
-                             attrs={"fn": lambda **r: self.combine([r[f"r{i}"] for i in range(len(answers))], query,
-                                                                  with_result),
-                                    "pure": False})
-        graph.output("out", combined.out())
-        return Expansion(graph, {})
+        return run_all("choice", [lambda ind=ind: self.engines.query(ind, query) for ind in selection.inds],
+                       lambda responses: self.combine(responses, query, with_result), type(self.router).__name__,
+                       finish_pure=False)
 
     def combine(self, responses: list[Any], query: QueryBundle, with_result: Any) -> Any:
         """``combine_responses``: the summarizer over the answers, their sources kept."""

@@ -31,16 +31,14 @@ from llama_index.core.question_gen.prompts import build_tools_text
 from llama_index.core.schema import QueryBundle
 from llama_index.core.utils import get_color_mapping, print_text
 
-from ..ir.graph import PGraph
 from ..ir.node import Ref
-from ..ir.ops import Op
 from ..runtime.handlers import Expansion
 from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .llama_index_models import engine_llm
 from .llama_index_rules import synthesis_planner
 from .llama_index_predict import PredictAndParse
 from .llama_index_synthesis import SynthesisPlanner
-from .llama_index_tools import EngineGraphs
+from .llama_index_tools import EngineGraphs, run_all
 
 
 @lowering_rule(QUERY_ENGINE_RULES, SubQuestionQueryEngine)
@@ -115,16 +113,8 @@ class SubQueries:
         self.__qualname__ = "sub_queries[SubQuestionQueryEngine]"
 
     def __call__(self, query: QueryBundle, sub_questions: list[Any]) -> Expansion:
-        graph = PGraph("sub_queries")
-        answers = {}
-        for i, sub_q in enumerate(sub_questions):
-            step = graph.add(Op.OPAQUE, name=f"sub_query_{i}", origin=type(self.engine).__name__,
-                             attrs={"fn": lambda sub_q=sub_q: self.sub_query(sub_q), "pure": False})
-            answers[f"a{i}"] = step.out()
-        collected = graph.add(Op.OPAQUE, name="answers", inputs=answers, origin=type(self.engine).__name__,
-                              attrs={"fn": lambda **a: [a[f"a{i}"] for i in range(len(sub_questions))], "pure": True})
-        graph.output("out", collected.out())
-        return Expansion(graph, {})
+        return run_all("sub_query", [lambda sub_q=sub_q: self.sub_query(sub_q) for sub_q in sub_questions],
+                       list, type(self.engine).__name__)
 
     def sub_query(self, sub_q: Any) -> Any:
         if sub_q.tool_name not in self.tools:  # _query_subq's KeyError: logged, left out

@@ -1,5 +1,6 @@
 """Query engines a composite engine picks at run time (a sub-question's tool, a router's
-choice), traced once at trace time and run as expansions of the caller's graph.
+choice), traced once at trace time and run as expansions of the caller's graph; several
+picked at once run together (:func:`run_all`).
 
 Each engine's own trace (``LlamaIndexTracer.trace_nested``) is kept with its bound inputs;
 its graph gets an ``out`` output (the Response) and is optimized once, on first use. Its
@@ -9,7 +10,7 @@ executor serves the stores and stores pending documents before the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.schema import QueryBundle
@@ -55,3 +56,17 @@ class EngineGraphs:
                                origin="query_engine", attrs={"fn": then, "pure": True})
             graph.output("out", mapped.out())
         return Expansion(graph, self.apps[key].inputs_for(query), recover=recover)
+
+
+def run_all(name: str, calls: Sequence[Callable[[], Any]], finish: Callable[[list[Any]], Any], origin: str, *,
+            finish_pure: bool = True) -> Expansion:
+    """``calls`` (each may return an Expansion: a sub-query) all at once, one graph level, then
+    ``finish`` over their results in order; its result is the expansion's output."""
+    graph = PGraph(name)
+    results = {f"r{i}": graph.add(Op.OPAQUE, name=f"{name}_{i}", origin=origin,
+                                  attrs={"fn": call, "pure": False}).out()
+               for i, call in enumerate(calls)}
+    done = graph.add(Op.OPAQUE, name=f"{name}_done", inputs=results, origin=origin,
+                     attrs={"fn": lambda **r: finish([r[f"r{i}"] for i in range(len(calls))]), "pure": finish_pure})
+    graph.output("out", done.out())
+    return Expansion(graph, {})
