@@ -1,12 +1,14 @@
 """A real vLLM OpenAI-compatible server for the session (``bench/model_server.py``: the one
 the benchmark starts), and a loopback proxy that records what reaches it (the request bodies
 plain and Teola runs send). The server starts once per test session on first use (~60 s on
-2 cores) and stops at its end.
+2 cores) and stops at its end. While developing, ``TEOLA_TEST_SERVER_PORT=18000`` uses a server
+already running on that loopback port instead (started with ``bench/model_server.py``'s flags).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,11 +16,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from teola_plugin.bench.model_server import SERVED_NAME, free_port, start_model_server  # noqa: F401
+from teola_plugin.bench.model_server import SERVED_NAME, ModelServer, free_port, start_model_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def model_server(tmp_path_factory):
+    running = os.environ.get("TEOLA_TEST_SERVER_PORT")
+    if running:
+        yield ModelServer(None, int(running), tmp_path_factory.mktemp("vllm-server") / "not-ours.log")
+        return
     server = start_model_server(tmp_path_factory.mktemp("vllm-server") / "server.log")
     yield server
     server.stop()

@@ -69,3 +69,36 @@ def server_endpoint(*, base_url: Any, api_key: Any, organization: Any = None,
                           organization=None if organization is None else str(organization),
                           default_headers=_pairs(default_headers), default_query=_pairs(default_query),
                           timeout=_timeout(timeout), max_retries=int(2 if max_retries is None else max_retries))
+
+
+# The http clients an ``openai`` SDK client gets when its user brings none (the SDK's own, or
+# the shared pool langchain-openai hands it): requests through them are what the engine sends.
+_DEFAULT_HTTP_CLIENTS = ("openai._base_client:SyncHttpxClientWrapper",
+                         "openai._base_client:AsyncHttpxClientWrapper",
+                         "langchain_openai.chat_models._client_utils:_SyncHttpxClientWrapper",
+                         "langchain_openai.chat_models._client_utils:_AsyncHttpxClientWrapper")
+
+
+def _client_timeout(timeout: Any) -> float | None:
+    import httpx
+    import openai
+
+    if timeout is None or timeout == openai.DEFAULT_TIMEOUT:
+        return None
+    if isinstance(timeout, httpx.Timeout):
+        parts = {timeout.connect, timeout.read, timeout.write, timeout.pool}
+        if len(parts) != 1 or None in parts:
+            raise UnreproducibleClient(f"its timeout {timeout!r} has several parts")
+        return float(parts.pop())
+    return _timeout(timeout)
+
+
+def client_endpoint(client: Any) -> ServerEndpoint:
+    """The endpoint an ``openai`` SDK client object (``OpenAI`` / ``AsyncOpenAI``, as a framework
+    model built it) talks to; raises :class:`UnreproducibleClient` as :func:`server_endpoint`."""
+    if type(client._client) not in installed_classes(*_DEFAULT_HTTP_CLIENTS):
+        raise UnreproducibleClient("it brings its own http_client (transport, proxies or hooks Teola would not use)")
+    return ServerEndpoint(base_url=str(client.base_url).rstrip("/"), api_key=_secret(client.api_key),
+                          organization=client.organization, default_headers=_pairs(client._custom_headers),
+                          default_query=_pairs(client._custom_query), timeout=_client_timeout(client.timeout),
+                          max_retries=int(client.max_retries))

@@ -30,6 +30,9 @@ from urllib.parse import urlsplit
 from ..errors import EngineInputError
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 
+# Set on the engine's own SDK client: its requests are the engine's, never routed again
+# (``served_calls.openai_sdk`` routes SDK calls made by framework code to this engine).
+ENGINE_CLIENT_MARK = "_teola_engine_client"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 FACTORY = "teola_plugin.engines.llm_served:OpenAICompatibleEngine"
 
@@ -92,6 +95,7 @@ class OpenAICompatibleEngine(LLMEngine):
         self.timeout = timeout
         self.max_retries = max_retries
         self._client: Any = None
+        self.relayed = 0  # requests relayed for framework code run as is (``relay``)
 
     # -- lifecycle: a client, not a model (nothing to load; the server may start later) ------
     async def _load(self) -> None:
@@ -104,6 +108,7 @@ class OpenAICompatibleEngine(LLMEngine):
         if self.timeout is not None:
             kwargs["timeout"] = self.timeout
         self._client = openai.AsyncOpenAI(**kwargs)
+        setattr(self._client, ENGINE_CLIENT_MARK, True)
 
     async def _unload(self) -> None:
         if self._client is not None:
@@ -111,7 +116,7 @@ class OpenAICompatibleEngine(LLMEngine):
             self._client = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "base_url": self.base_url, "served": True}
+        return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed}
 
     # -- requests ----------------------------------------------------------------------------
     def _body(self, prompt: Any, params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -164,6 +169,31 @@ class OpenAICompatibleEngine(LLMEngine):
             yield GenerationDelta(rid, "", produced, True, None, tuple(received))
         finally:
             await chunks.close()
+
+    async def relay(self, request: Mapping[str, Any], request_id: str | None = None) -> AsyncIterator[GenerationDelta]:
+        """A request framework code made through its own SDK client (``served_calls``), sent
+        as it is: the SDK's reply to ``create(**request)`` (a completion, or the raw response
+        ``with_raw_response`` asks for) arrives as one finished delta; a streaming request's
+        chunks one delta each (``response`` = the chunk), so the caller rebuilds exactly what
+        its client would have returned."""
+        rid = request_id or self._new_request_id("relay")
+        body = self._body(request, None)
+        reply = await self._create(body, rid)
+        self.relayed += 1
+        if not body.get("stream"):
+            yield GenerationDelta(rid, "", _completion_tokens(reply), True, None, reply)
+            return
+        produced = 0
+        try:
+            async for chunk in reply:
+                choice = chunk.choices[0] if chunk.choices else None
+                text = _choice_text(choice) if choice is not None else ""
+                produced += 1 if text else 0
+                yield GenerationDelta(rid, text, produced, False,
+                                      getattr(choice, "finish_reason", None) if choice is not None else None, chunk)
+            yield GenerationDelta(rid, "", produced, True)
+        finally:
+            await reply.close()
 
     async def prefill(self, prompt: Any, request_id: str | None = None) -> PrefillResult:
         """The prompt with one token to generate: the server's prefix cache keeps it."""

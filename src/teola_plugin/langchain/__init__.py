@@ -4,13 +4,19 @@
     chain = prompt | TeolaChatModel() | StrOutputParser()
     fast = TeolaRunnable(chain)
     fast.invoke({"question": "..."})     # same output as chain.invoke
+
+Importing it routes the model-server calls of code a TeolaRunnable runs as it is (a LangGraph
+graph's nodes, an opaque step) through Teola's served engines (``served_calls``).
 """
 
+from .. import served_calls
 from .embeddings import TeolaEmbeddings
 from .models import TeolaChatModel, TeolaLLM
 from .reranker import TeolaReranker
 from .runnable import TeolaRunnable
 from .vector_store import FrameworkVectorStoreEngine
+
+served_calls.install()
 
 __all__ = ["FrameworkVectorStoreEngine", "TeolaChatModel", "TeolaEmbeddings", "TeolaLLM", "TeolaReranker",
            "TeolaRunnable"]

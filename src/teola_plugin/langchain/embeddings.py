@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
-from .bridge import started_pool
+from ..runtime.bridge import started_pool
 
 
 class TeolaEmbeddings(BaseModel, Embeddings):

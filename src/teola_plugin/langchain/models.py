@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..capture.langchain.protocols import LLMCallSpec
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
-from .bridge import Push, started_pool, stream_async, stream_sync
+from ..runtime.bridge import engine_stream, iterate_async, iterate_sync, started_pool
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
@@ -77,23 +77,15 @@ class _EngineModel(BaseModel):
         generation, _ = await pool.submit("generate", {"prompt": prompt, "params": params}, Priority())
         return generation
 
-    def _producer(self, prompt: Any, params: dict[str, Any]):
-        async def produce(push: Push) -> None:
-            pool = await started_pool(self.teola_runtime(), self.engine)
-            opened = await pool.open_stream("stream", {"prompt": prompt, "params": params}, Priority())
-            try:
-                for delta in opened.first:
-                    if delta.text:
-                        push(delta.text)
-                if not opened.finished:
-                    async for delta in pool.resume_stream(opened.sid):
-                        if delta.text:
-                            push(delta.text)
-            finally:
-                if not opened.finished:
-                    await pool.close_stream(opened.sid)  # idempotent; aborts a request cut short
+    def _texts(self, prompt: Any, params: dict[str, Any]) -> Any:
+        """The engine stream's token texts (a coroutine-free factory for the bridge)."""
+        async def texts() -> AsyncIterator[str]:
+            async for delta in engine_stream(self.teola_runtime(), self.engine, "stream",
+                                             {"prompt": prompt, "params": params}):
+                if delta.text:
+                    yield delta.text
 
-        return produce
+        return texts
 
     def _run(self, coro: Any) -> Any:
         return self.teola_runtime().run_sync(coro)
@@ -133,9 +125,7 @@ class TeolaLLM(_EngineModel, BaseLLM):
 
     def _stream(self, prompt: str, stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[GenerationChunk]:
-        for final, text in stream_sync(self.teola_runtime(), self._producer(prompt, self.sampling_params(stop))):
-            if final:
-                return
+        for text in iterate_sync(self.teola_runtime(), self._texts(prompt, self.sampling_params(stop))):
             chunk = GenerationChunk(text=text)
             if run_manager:
                 run_manager.on_llm_new_token(text, chunk=chunk)
@@ -144,9 +134,7 @@ class TeolaLLM(_EngineModel, BaseLLM):
     async def _astream(self, prompt: str, stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[GenerationChunk]:
-        async for final, text in stream_async(self.teola_runtime(), self._producer(prompt, self.sampling_params(stop))):
-            if final:
-                return
+        async for text in iterate_async(self.teola_runtime(), self._texts(prompt, self.sampling_params(stop))):
             chunk = GenerationChunk(text=text)
             if run_manager:
                 await run_manager.on_llm_new_token(text, chunk=chunk)
@@ -187,17 +175,13 @@ class TeolaChatModel(_EngineModel, BaseChatModel):
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        produce = self._producer(to_engine_messages(messages), self.sampling_params(stop))
-        for final, text in stream_sync(self.teola_runtime(), produce):
-            if final:
-                return
+        texts = self._texts(to_engine_messages(messages), self.sampling_params(stop))
+        for text in iterate_sync(self.teola_runtime(), texts):
             yield ChatGenerationChunk(message=AIMessageChunk(content=text))
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        produce = self._producer(to_engine_messages(messages), self.sampling_params(stop))
-        async for final, text in stream_async(self.teola_runtime(), produce):
-            if final:
-                return
+        texts = self._texts(to_engine_messages(messages), self.sampling_params(stop))
+        async for text in iterate_async(self.teola_runtime(), texts):
             yield ChatGenerationChunk(message=AIMessageChunk(content=text))

@@ -21,6 +21,7 @@ from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
+from ..served_calls import EXPLAIN_ROUTED, routing_served_calls
 from .vector_store import FrameworkVectorStoreEngine
 
 
@@ -50,10 +51,11 @@ class ExecutionPlan:
         """Run one call on the runtime loop; ``on_token`` receives the output's text deltas."""
         await self.serve_stores(runtime)
         tokens = self.trace.output.tokens_from
-        out = await runtime.execute(
-            self.graph, self.graph_inputs(input), timeout_s=timeout_s,
-            on_token=(lambda text: text and on_token(text)) if on_token else None,
-            token_nodes=frozenset({tokens}) if tokens and on_token else frozenset())
+        with routing_served_calls(runtime):  # opaque steps' model-server calls: the served engines
+            out = await runtime.execute(
+                self.graph, self.graph_inputs(input), timeout_s=timeout_s,
+                on_token=(lambda text: text and on_token(text)) if on_token else None,
+                token_nodes=frozenset({tokens}) if tokens and on_token else frozenset())
         return out["output"]
 
     def explain(self) -> str:
@@ -61,6 +63,7 @@ class ExecutionPlan:
         if self.trace.opaque:
             lines.append("Opaque components (run unchanged, as LangChain would run them):")
             lines += [f"  - {o.component} (primitive {o.node!r}): {o.reason}" for o in self.trace.opaque]
+            lines.append(EXPLAIN_ROUTED)
         else:
             lines.append("Opaque components: none (every component was lowered to primitives)")
         return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field
 from ..capture.langchain.documents import documents_to_hits, hits_to_documents
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
-from .bridge import started_pool
+from ..runtime.bridge import started_pool
 
 
 class TeolaReranker(BaseDocumentCompressor):

@@ -34,7 +34,8 @@ from ..optimizer import PassManager
 from ..optimizer.cost import check_cost_model
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
-from .bridge import stream_async, stream_sync
+from ..runtime.bridge import stream_async, stream_sync
+from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
 
@@ -175,15 +176,17 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     # -- invoke / batch ------------------------------------------------------------------
     # Call-time keyword arguments (``.bind(stop=...)`` on the wrapper) go to the chain's first
     # step in plain LangChain; the plan has no place for them, so such a call runs the chain
-    # itself, unchanged.
+    # itself, unchanged (its model-server calls still go through the served engines).
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs:
-            return self.chain.invoke(input, config, **kwargs)
+            with routing_served_calls(self.teola_runtime()):
+                return self.chain.invoke(input, config, **kwargs)
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs:
-            return await self.chain.ainvoke(input, config, **kwargs)
+            with routing_served_calls(self.teola_runtime()):
+                return await self.chain.ainvoke(input, config, **kwargs)
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
 
     def _bound_config(self, config: RunnableConfig | None) -> RunnableConfig | None:
@@ -229,7 +232,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         if kwargs:
-            yield from self.chain.stream(input, config, **kwargs)
+            yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
             return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
                                                       self._bound_config(config))
@@ -237,7 +240,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     async def astream(self, input: Any, config: RunnableConfig | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
         if kwargs:
-            async for chunk in self.chain.astream(input, config, **kwargs):
+            async for chunk in routed_aiterate(self.teola_runtime(), self.chain.astream(input, config, **kwargs)):
                 yield chunk
             return
 

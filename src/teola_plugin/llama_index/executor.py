@@ -43,6 +43,7 @@ from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
 from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
+from ..served_calls import EXPLAIN_ROUTED
 from ..runtime.runtime import Runtime, default_runtime
 from . import instrumentation
 from .pending_ingestion import IDLE_FLUSH_S, PendingIngestion, flush_all, pending_states
@@ -171,7 +172,7 @@ class TeolaExecutor:
         opaque = app.opaque
         lines.append("Opaque components (run unchanged by LlamaIndex's own code):" if opaque
                      else "Opaque components: none")
-        lines += [f"  - {note}" for note in opaque]
+        lines += [f"  - {note}" for note in opaque] + ([EXPLAIN_ROUTED] if opaque else [])
         expanding = [n for n in app.notes if n.kind == "expands"]
         if expanding:
             lines.append("Data-dependent steps (sub-graph built at run time, optimized the same way):")
@@ -386,6 +387,7 @@ class TeolaExecutor:
             lines.append("  - the chat call (LLM.chat on the history): LlamaIndex's own call")
         if hasattr(engine, "_condense_question"):
             lines.append("  - the condense call (an LLM call on the history): LlamaIndex's own call")
+        lines.append(EXPLAIN_ROUTED)
         for what, part in parts:
             lines += ["", self.explain(part)]
         return "\n".join(lines)

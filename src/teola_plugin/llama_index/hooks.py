@@ -16,6 +16,11 @@ Calls the executor itself makes into the framework run the originals: the loweri
 (``running_own_code``); the query engines and retrievers an opaque component calls in turn
 (a custom engine's retriever, a synthesizer it calls) are run by the executor, lowered.
 Subclasses that override these methods keep their own code.
+
+Calls to a model server made by code that runs as it is (a workflow's or agent's steps, a
+chat engine, a component Teola does not lower) go through the executor's served engines:
+``served_calls`` routes the ``openai`` SDK's requests while an executor runs the call or is
+``Settings.executor``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from llama_index.core.indices.vector_store.base import VectorStoreIndex
 from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize
 from llama_index.core.settings import Settings
 
+from .. import served_calls
 from ..capture.llama_index import in_passthrough
 from . import ingest_hooks
 from .executor import TeolaExecutor, running_executor
@@ -45,6 +51,15 @@ def active_executor(component: Any = None) -> TeolaExecutor | None:
         return None
     executor = getattr(Settings, "executor", None)
     return executor if isinstance(executor, TeolaExecutor) else running_executor()
+
+
+def _served_call_scope() -> served_calls.ServedCallScope | None:
+    """Model-server calls go through the engines of the executor running now, or of
+    ``Settings.executor`` (the LlamaIndex fallback of ``served_calls``)."""
+    executor = running_executor() or getattr(Settings, "executor", None)
+    if not isinstance(executor, TeolaExecutor) or executor.runtime.closed:
+        return None
+    return served_calls.ServedCallScope(executor.runtime)
 
 
 def _bound(original: Any, obj: Any) -> Any:
@@ -160,6 +175,8 @@ def install() -> None:
         if not hasattr(method, _ORIGINAL):
             setattr(cls, name, wrap(method, run))
     ingest_hooks.install()
+    served_calls.install()
+    served_calls.set_fallback(_served_call_scope)
 
 
 def uninstall() -> None:

@@ -9,7 +9,6 @@ the model's chat template) for chat models.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from ..runtime.hosting import ReplicaPool
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
-from ._bridge import iterate_async, iterate_sync
+from ..runtime.bridge import engine_stream, iterate_async, iterate_sync, started_pool
 
 EnginePrompt = str | list[dict[str, str]]  # what the vLLM engine accepts
 SAMPLING_KEYS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "stop", "seed"})
@@ -72,8 +71,7 @@ class TeolaLLM(CustomLLM):
         return self.engine
 
     async def _pool(self) -> ReplicaPool:
-        await self.runtime.start_engines(self.engine)  # no-op once started
-        return self.runtime.engines(self.engine)
+        return await started_pool(self.runtime, self.engine)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -116,20 +114,9 @@ class TeolaLLM(CustomLLM):
         return generation.text
 
     async def _engine_stream(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> AsyncIterator[str]:
-        pool = await self._pool()
-        opened = await pool.open_stream("stream", {"prompt": prompt, "params": dict(params)}, Priority())
-        handed_over = opened.finished  # a finished stream is already closed
-        try:
-            for delta in opened.first:
-                yield delta.text
-            if not opened.finished:
-                handed_over = True  # from here resume_stream closes it, even if abandoned
-                async with contextlib.aclosing(pool.resume_stream(opened.sid)) as rest:
-                    async for delta in rest:
-                        yield delta.text
-        finally:
-            if not handed_over:  # abandoned before the decode started
-                await pool.close_stream(opened.sid)
+        async for delta in engine_stream(self.runtime, self.engine, "stream",
+                                         {"prompt": prompt, "params": dict(params)}):
+            yield delta.text
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> str:
         return prompt if formatted else self.completion_to_prompt(prompt)

@@ -185,6 +185,11 @@ class Runtime:
                 atexit.register(self.shutdown)
             return self._loop
 
+    @property
+    def closed(self) -> bool:
+        """``shutdown()`` ran: nothing more runs here."""
+        return self._closed
+
     def start(self) -> "Runtime":
         """Start the loop and connect to (or start) Ray now rather than on first use."""
         self._ensure_loop()

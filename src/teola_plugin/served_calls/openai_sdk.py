@@ -1,0 +1,211 @@
+"""The ``openai`` SDK's request methods, routed through Teola's served engines in a scope.
+
+Every OpenAI-client model of both frameworks (LlamaIndex ``OpenAI`` / ``OpenAILike``,
+LangChain ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI``) ends in
+``client.chat.completions.create(**request)`` or ``client.completions.create(**request)``,
+called by the framework's own code with the request it built (tools, structured output,
+streaming, stop, ``extra_body``...). :func:`install` wraps those four methods (sync and
+async) once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the
+request — the same keyword arguments — is sent by the runtime's served engine for the
+client's server (``OpenAICompatibleEngine.relay``, opened through the engine scheduler), and
+the caller gets what its own client returns: the completion (or the raw response
+``with_raw_response`` asked for), or for ``stream=True`` a stream of the server's chunks
+that iterates, closes and works as a (async) context manager like the SDK's. So the
+framework's code, callbacks and events are plain's, and the server sees the same request.
+
+Left to the client itself (run as plain): a client Teola would not reproduce (its own
+``http_client``, a timeout with several parts: ``served_models.client_endpoint``), the
+engine's own client, ``with_streaming_response``, positional arguments, a sync call made on
+the runtime's own loop thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+
+from ..capture.served_models import UnreproducibleClient, client_endpoint
+from ..engines.llm_served import ENGINE_CLIENT_MARK
+from ..runtime.bridge import engine_stream, iterate_async, iterate_sync
+from .scope import ServedCallScope, current_scope
+
+log = logging.getLogger(__name__)
+
+_ORIGINAL = "__teola_original__"
+_RAW_HEADER = "X-Stainless-Raw-Response"  # openai._constants.RAW_RESPONSE_HEADER
+
+
+def _resources() -> tuple[tuple[type, bool], ...]:
+    """(resource class, is async) of the request methods routed."""
+    from openai.resources.chat.completions import AsyncCompletions as AsyncChat
+    from openai.resources.chat.completions import Completions as Chat
+    from openai.resources.completions import AsyncCompletions, Completions
+
+    return ((Chat, False), (AsyncChat, True), (Completions, False), (AsyncCompletions, True))
+
+
+def _route(resource: Any, args: tuple[Any, ...], request: Mapping[str, Any]) -> tuple[ServedCallScope, str] | None:
+    """The scope and engine that send this call, or None: the client sends it itself."""
+    scope = current_scope()
+    client = getattr(resource, "_client", None)
+    if scope is None or args or client is None or getattr(client, ENGINE_CLIENT_MARK, False):
+        return None
+    raw = (request.get("extra_headers") or {}).get(_RAW_HEADER)
+    if raw not in (None, "true"):  # with_streaming_response: the caller reads the HTTP body itself
+        return None
+    try:
+        endpoint = client_endpoint(client)
+    except UnreproducibleClient as exc:
+        log.debug("a model-server call stays its client's: %s", exc)
+        return None
+    return scope, scope.runtime.served_engine(endpoint)
+
+
+def _relayed(scope: ServedCallScope, engine: str, request: Mapping[str, Any]) -> Callable[[], AsyncIterator[Any]]:
+    """The engine's deltas for ``request`` (on the runtime loop)."""
+    def deltas() -> AsyncIterator[Any]:
+        return engine_stream(scope.runtime, engine, "relay", {"request": dict(request)}, scope.priority)
+
+    return deltas
+
+
+async def _reply(scope: ServedCallScope, engine: str, request: Mapping[str, Any]) -> Any:
+    async for delta in _relayed(scope, engine, request)():
+        if delta.finished:
+            return delta.response
+    raise RuntimeError(f"engine {engine!r} closed the request without a reply")  # not reached: relay yields one
+
+
+def _chunks(deltas: Iterator[Any]) -> Iterator[Any]:
+    with contextlib.closing(deltas):  # type: ignore[type-var]  # closing early cancels the request
+        for delta in deltas:
+            if delta.response is not None:
+                yield delta.response
+
+
+async def _achunks(deltas: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async with contextlib.aclosing(deltas):  # type: ignore[type-var]
+        async for delta in deltas:
+            if delta.response is not None:
+                yield delta.response
+
+
+class RelayedStream:
+    """What ``create(stream=True)`` returns when routed: the server's chunks, as they come.
+    The request is sent (and a refusal raised) at ``create``, as the SDK's ``Stream`` does."""
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self._chunks = chunks
+        self._first: list[Any] = []
+
+    @classmethod
+    def open(cls, scope: ServedCallScope, engine: str, request: Mapping[str, Any]) -> RelayedStream:
+        stream = cls(_chunks(iterate_sync(scope.runtime, _relayed(scope, engine, request))))
+        stream._first.extend(itertools.islice(stream._chunks, 1))
+        return stream
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return self._first.pop() if self._first else next(self._chunks)
+
+    def close(self) -> None:
+        self._first.clear()
+        self._chunks.close()  # type: ignore[attr-defined]  # cancels the engine request
+
+    def __enter__(self) -> RelayedStream:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+class RelayedAsyncStream:
+    """``await create(stream=True)`` routed: ``AsyncStream``'s iteration, ``close`` and
+    ``async with``."""
+
+    def __init__(self, chunks: AsyncIterator[Any]) -> None:
+        self._chunks = chunks
+        self._first: list[Any] = []
+
+    @classmethod
+    async def open(cls, scope: ServedCallScope, engine: str, request: Mapping[str, Any]) -> RelayedAsyncStream:
+        stream = cls(_achunks(iterate_async(scope.runtime, _relayed(scope, engine, request))))
+        try:
+            stream._first.append(await stream._chunks.__anext__())
+        except StopAsyncIteration:
+            pass
+        return stream
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._first:
+            return self._first.pop()
+        return await self._chunks.__anext__()
+
+    async def close(self) -> None:
+        self._first.clear()
+        await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> RelayedAsyncStream:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+def _on_runtime_thread(scope: ServedCallScope) -> bool:
+    return threading.current_thread() is getattr(scope.runtime, "_thread", None)
+
+
+def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def create(self: Any, *args: Any, **request: Any) -> Any:
+        route = _route(self, args, request)
+        if route is None or _on_runtime_thread(route[0]):
+            return original(self, *args, **request)
+        scope, engine = route
+        if request.get("stream"):
+            return RelayedStream.open(scope, engine, request)
+        return scope.runtime.run_sync(_reply(scope, engine, request))
+
+    setattr(create, _ORIGINAL, original)
+    return create
+
+
+def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def create(self: Any, *args: Any, **request: Any) -> Any:
+        route = _route(self, args, request)
+        if route is None:
+            return await original(self, *args, **request)
+        scope, engine = route
+        if request.get("stream"):
+            return await RelayedAsyncStream.open(scope, engine, request)
+        return await scope.runtime.run_async(_reply(scope, engine, request))
+
+    setattr(create, _ORIGINAL, original)
+    return create
+
+
+def install() -> None:
+    """Wrap the SDK's request methods (idempotent); without a scope they run unchanged."""
+    for cls, is_async in _resources():
+        method = cls.__dict__["create"]
+        if not hasattr(method, _ORIGINAL):
+            cls.create = (_wrap_async if is_async else _wrap_sync)(method)
+
+
+def uninstall() -> None:
+    for cls, _ in _resources():
+        original = getattr(cls.__dict__["create"], _ORIGINAL, None)
+        if original is not None:
+            cls.create = original

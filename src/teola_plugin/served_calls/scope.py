@@ -1,0 +1,111 @@
+"""When a model-server call made by framework code goes through Teola: the routing scope.
+
+Code Teola runs as it is — an opaque LangChain step or a whole LangGraph graph under
+``TeolaRunnable``, a LlamaIndex workflow, agent or chat engine under the executor — still
+calls its models. When such a call goes to a model server through the ``openai`` SDK, the
+request is sent by the runtime's served engine for that server (``openai_sdk.py``), so the
+engine scheduler admits, orders and times it with every other request to that server.
+
+A scope is active while Teola runs framework code for a caller: a LangChain plan sets it
+around its graph run (:func:`routing_served_calls`; context variables reach the graph's
+tasks and framework threads), and an integration may register a fallback
+(:func:`set_fallback`) — LlamaIndex's is the executor running now or ``Settings.executor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..runtime.policies import Priority
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServedCallScope:
+    """The runtime whose served engines send the calls made in this scope."""
+
+    runtime: Any  # teola_plugin.runtime.runtime.Runtime
+    priority: Priority = field(default_factory=Priority)
+
+
+_SCOPE: contextvars.ContextVar[ServedCallScope | None] = contextvars.ContextVar("teola_served_calls", default=None)
+_fallbacks: list[Callable[[], ServedCallScope | None]] = []
+
+
+@contextlib.contextmanager
+def routing_served_calls(runtime: Any, priority: Priority | None = None) -> Iterator[ServedCallScope]:
+    """Model-server calls made in this context (and the tasks and threads it starts) go
+    through ``runtime``'s served engines."""
+    scope = ServedCallScope(runtime, priority or Priority())
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def set_fallback(provider: Callable[[], ServedCallScope | None]) -> None:
+    """Add a scope provider consulted when no scope is set (idempotent per provider)."""
+    if provider not in _fallbacks:
+        _fallbacks.append(provider)
+
+
+def current_scope() -> ServedCallScope | None:
+    scope = _SCOPE.get()
+    if scope is not None:
+        return scope
+    for provider in _fallbacks:
+        scope = provider()
+        if scope is not None:
+            return scope
+    return None
+
+
+def routed_iterate(runtime: Any, items: Iterator[T]) -> Iterator[T]:
+    """``items`` (a framework's own stream) stepped with its model-server calls routed; the
+    scope lives in a context of its own, so the caller's code between items is not in it."""
+    context = contextvars.copy_context()
+    context.run(_SCOPE.set, ServedCallScope(runtime))
+    try:
+        while True:
+            try:
+                item = context.run(next, items)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            context.run(close)
+
+
+async def routed_aiterate(runtime: Any, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """:func:`routed_iterate` for an async stream: each step runs as a task in the scope's context."""
+    context = contextvars.copy_context()
+    context.run(_SCOPE.set, ServedCallScope(runtime))
+
+    async def step() -> T:
+        return await items.__anext__()
+
+    try:
+        while True:
+            try:
+                item = await asyncio.create_task(step(), context=context)
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await asyncio.create_task(aclose(), context=context)
+
+
+# What ``explain()`` says under a list of components that run as they are (both frameworks).
+EXPLAIN_ROUTED = ("  (their calls to a model server through the openai SDK — ChatOpenAI, OpenAI, OpenAILike... — "
+                  "are sent by Teola's served engines, scheduled with the other requests to that server)")

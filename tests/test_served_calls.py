@@ -1,0 +1,273 @@
+"""Model-server calls made by code Teola runs as it is go through Teola's served engines.
+
+Apps as the frameworks' docs write them — a LangGraph graph with ``Send`` fan-out and a
+tool-calling node, a LlamaIndex ``Workflow`` and ``FunctionAgent`` — against the session's
+real vLLM server (through the recording proxy). Their nodes and steps are user code, so
+they run as they are; the requests their ``ChatOpenAI`` / ``OpenAILike`` make must be sent by
+the runtime's served engine (its ``relayed`` count), with the same bodies, answers, streams
+and events as plain, and plain's exception types on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+from typing import Annotated, TypedDict
+
+import httpx
+import openai
+import pytest
+from llama_index.core import Settings
+
+from teola_plugin.langchain import TeolaRunnable
+from teola_plugin.llama_index import TeolaExecutor
+from teola_plugin.runtime.runtime import Runtime
+from tests.fixtures_served import SERVED_NAME
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served_runtime():
+    """Served engines live in the driver's loop whatever the hosting: no Ray needed here."""
+    rt = Runtime({}, hosting="local")
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def plain_settings():
+    Settings.executor = None
+    yield
+    Settings.executor = None
+
+
+def relayed(runtime: Runtime) -> int:
+    """Requests the runtime's served engines relayed for framework code, over all servers."""
+    served = [name for name in runtime.specs if name.startswith("served:") and name in runtime._pools]
+    return sum(runtime.run_sync(runtime.engines(name).call("describe"))["relayed"] for name in served)
+
+
+def bodies(requests: list[tuple[str, dict]]) -> list[str]:
+    return sorted(json.dumps([path, body], sort_keys=True) for path, body in requests)
+
+
+def chat_openai(base_url: str, **kwargs):
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(model=SERVED_NAME, base_url=base_url, api_key="EMPTY",
+                      **{"temperature": 0.0, "max_tokens": 12, **kwargs})
+
+
+# ------------------------------------------------------------------------------ LangGraph
+class Topics(TypedDict):
+    topics: list[str]
+    answers: Annotated[list[str], operator.add]
+
+
+def fan_out_graph(model):
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    def answer(state: dict) -> dict:
+        return {"answers": [model.invoke(f"One sentence about {state['topic']}:").content]}
+
+    builder = StateGraph(Topics)
+    builder.add_node("answer", answer)
+    builder.add_conditional_edges(START, lambda s: [Send("answer", {"topic": t}) for t in s["topics"]], ["answer"])
+    builder.add_edge("answer", END)
+    return builder.compile()
+
+
+def test_a_langgraph_fan_out_sends_its_model_calls_through_the_served_engine(recording_proxy, served_runtime):
+    graph = fan_out_graph(chat_openai(recording_proxy.base_url))
+    state = {"topics": ["rain", "Paris", "cats"], "answers": []}
+    plain = graph.invoke(state)
+    plain_bodies = bodies(recording_proxy.take())
+
+    fast = TeolaRunnable(graph, runtime=served_runtime)
+    before = relayed(served_runtime)
+    assert fast.invoke(state) == plain  # Send results arrive in task order, as plain
+    assert relayed(served_runtime) - before == 3
+    assert bodies(recording_proxy.take()) == plain_bodies and len(plain_bodies) == 3
+    assert asyncio.run(fast.ainvoke(state)) == plain
+    assert relayed(served_runtime) - before == 6
+    assert "served engines" in fast.explain(state)
+
+
+def test_streamed_messages_of_a_graph_are_relayed_chunk_by_chunk_as_plain(recording_proxy, served_runtime):
+    graph = fan_out_graph(chat_openai(recording_proxy.base_url))
+    state = {"topics": ["rain"], "answers": []}
+
+    def texts(chunks) -> list[tuple[str, str]]:
+        return [(meta["langgraph_node"], message.content) for message, meta in chunks]
+
+    plain = list(graph.stream(state, stream_mode="messages"))
+    plain_bodies = bodies(recording_proxy.take())
+    fast = TeolaRunnable(graph, runtime=served_runtime)
+    before = relayed(served_runtime)
+    streamed = list(fast.stream(state, stream_mode="messages"))
+    assert texts(streamed) == texts(plain) and len(plain) > 3  # token by token, not one final chunk
+    assert relayed(served_runtime) - before == 1
+    assert bodies(recording_proxy.take()) == plain_bodies and json.loads(plain_bodies[0])[1]["stream"] is True
+
+    async def astream() -> list:
+        return [c async for c in fast.astream(state, stream_mode="messages")]
+
+    assert texts(asyncio.run(astream())) == texts(plain)
+    assert [m.usage_metadata for m, _ in streamed if m.usage_metadata] == \
+        [m.usage_metadata for m, _ in plain if m.usage_metadata]
+
+
+def test_a_tool_calling_graph_gets_the_same_tool_calls_and_messages(recording_proxy, served_runtime):
+    """The agent loop as LangGraph's docs write it: a model with tools -> ToolNode -> the answer.
+    ``tool_choice="required"`` makes the bundled model's tool call valid by construction."""
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    @tool
+    def population(city: str) -> str:
+        """How many people live in a city."""
+        return f"{city}: 2.1 million"
+
+    model = chat_openai(recording_proxy.base_url)
+    # room for the constrained JSON (the model pads it with whitespace)
+    with_tools = chat_openai(recording_proxy.base_url, max_tokens=80).bind_tools([population], tool_choice="required")
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [with_tools.invoke(s["messages"])]})
+    builder.add_node("tools", ToolNode([population]))
+    builder.add_node("answer", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", "answer")
+    builder.add_edge("answer", END)
+    graph = builder.compile()
+    question = {"messages": [HumanMessage("How many people live in Paris?")]}
+
+    def shape(state: dict) -> list:  # tool call ids are the server's random ones
+        return [(m.type, m.content, [(c["name"], c["args"]) for c in getattr(m, "tool_calls", [])])
+                for m in state["messages"]]
+
+    plain = graph.invoke(question)
+    recording_proxy.take()
+    before = relayed(served_runtime)
+    fast = TeolaRunnable(graph, runtime=served_runtime).invoke(question)
+    assert shape(fast) == shape(plain)
+    assert fast["messages"][1].tool_calls[0]["name"] == "population"
+    assert fast["messages"][2].type == "tool" and fast["messages"][2].tool_call_id == fast["messages"][1].tool_calls[0]["id"]
+    assert relayed(served_runtime) - before == 2
+    sent = [body for _, body in recording_proxy.take()]
+    assert sent[0]["tool_choice"] == "required" and sent[0]["tools"][0]["function"]["name"] == "population"
+
+
+def test_a_refused_request_raises_plains_error_and_the_next_call_works(recording_proxy, served_runtime):
+    from langchain_core.runnables import RunnableLambda
+
+    model = chat_openai(recording_proxy.base_url)
+    long_prompt = "word " * 3000  # past the server's 2048-token context: HTTP 400
+    step = RunnableLambda(lambda q: model.invoke(q).content)
+    fast = TeolaRunnable(step, runtime=served_runtime)
+    with pytest.raises(openai.BadRequestError) as plain:
+        step.invoke(long_prompt)
+    before = relayed(served_runtime)
+    with pytest.raises(type(plain.value)) as routed:
+        fast.invoke(long_prompt)
+    sdk_error = routed.value.__context__  # ChatOpenAI re-raises the SDK's error as its own
+    assert "Teola: model server" in "".join(getattr(sdk_error, "__notes__", []))
+    assert fast.invoke("Say hi.") == step.invoke("Say hi.")
+    assert relayed(served_runtime) - before == 1  # the refusal is not counted; the answer is
+
+
+def test_calls_outside_a_run_or_with_their_own_http_client_stay_the_clients(recording_proxy, served_runtime):
+    from langchain_core.runnables import RunnableLambda
+
+    before = relayed(served_runtime)
+    plain_model = chat_openai(recording_proxy.base_url)
+    assert plain_model.invoke("Say hi.").content  # no Teola run: its own client
+    own_client = chat_openai(recording_proxy.base_url, http_client=httpx.Client())
+    answer = TeolaRunnable(RunnableLambda(lambda q: own_client.invoke(q).content), runtime=served_runtime)
+    assert answer.invoke("Say hi.") == plain_model.invoke("Say hi.").content
+    assert relayed(served_runtime) == before
+
+
+# ------------------------------------------------------------------------------ LlamaIndex
+def openai_like(base_url: str, **kwargs):
+    from llama_index.llms.openai_like import OpenAILike
+
+    return OpenAILike(model=SERVED_NAME, api_base=base_url, api_key="none", is_chat_model=True,
+                      **{"temperature": 0.0, "max_tokens": 12, **kwargs})
+
+
+def drafting_workflow(llm):
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.workflow import Context, Event, StartEvent, StopEvent, Workflow, step
+
+    class Drafted(Event):
+        draft: str
+
+    class Draft(Workflow):
+        @step
+        async def draft(self, ctx: Context, ev: StartEvent) -> Drafted:
+            drafted = Drafted(draft=(await llm.acomplete(f"One sentence about {ev.topic}:")).text)
+            ctx.write_event_to_stream(drafted)
+            return drafted
+
+        @step
+        async def shorten(self, ev: Drafted) -> StopEvent:
+            ask = [ChatMessage(role="user", content=f"Shorten: {ev.draft}")]
+            streamed = "".join([r.delta async for r in await llm.astream_chat(ask)])
+            return StopEvent(result=(streamed, (await llm.achat(ask)).message.content))
+
+    return Draft(timeout=120)
+
+
+def test_a_workflows_llm_calls_go_through_the_executors_served_engine(recording_proxy, served_runtime):
+    async def run(workflow) -> tuple:
+        handler = workflow.run(topic="rain")
+        events = [(type(e).__name__, getattr(e, "draft", None)) async for e in handler.stream_events()]
+        return await handler, events
+
+    llm = openai_like(recording_proxy.base_url)
+    plain = asyncio.run(run(drafting_workflow(llm)))
+    plain_bodies = bodies(recording_proxy.take())
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    before = relayed(served_runtime)
+    assert asyncio.run(run(drafting_workflow(llm))) == plain
+    assert relayed(served_runtime) - before == 3
+    assert bodies(recording_proxy.take()) == plain_bodies
+    # a direct sync stream of the app's LLM, under the executor: relayed too, the same deltas
+    deltas = [r.delta for r in llm.stream_complete("Count: one, two,")]
+    Settings.executor = None
+    assert deltas == [r.delta for r in llm.stream_complete("Count: one, two,")] and len(deltas) > 2
+    assert relayed(served_runtime) - before == 4
+
+
+def test_a_function_agent_answers_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):
+    from llama_index.core.agent.workflow import AgentOutput, FunctionAgent
+    from llama_index.core.tools import FunctionTool
+
+    def population(city: str) -> str:
+        """How many people live in a city."""
+        return f"{city}: 2.1 million"
+
+    def agent():
+        return FunctionAgent(tools=[FunctionTool.from_defaults(population)],
+                             llm=openai_like(recording_proxy.base_url, max_tokens=16, is_function_calling_model=True),
+                             system_prompt="Answer briefly.")
+
+    async def ask() -> tuple:
+        handler = agent().run(user_msg="What is the capital of France?")
+        outputs = [e.response.content async for e in handler.stream_events() if isinstance(e, AgentOutput)]
+        return str(await handler), outputs
+
+    plain = asyncio.run(ask())
+    plain_bodies = bodies(recording_proxy.take())
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    before = relayed(served_runtime)
+    assert asyncio.run(ask()) == plain
+    assert relayed(served_runtime) - before == len(plain_bodies) >= 1
+    sent = bodies(recording_proxy.take())
+    assert sent == plain_bodies and '"tools"' in sent[0] and '"stream": true' in sent[0]
