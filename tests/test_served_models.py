@@ -266,6 +266,59 @@ def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddi
     assert "encode_kwargs ['prompt']" in note.reason
 
 
+def test_retrieval_chain_helpers_are_lowered_and_stream_plains_chunks(recording_proxy, runtime):
+    """``create_retrieval_chain`` / ``create_stuff_documents_chain`` /
+    ``create_history_aware_retriever`` as LangChain's docs write them: only their document
+    formatting functions stay opaque; same answer and context; a dict output streams as
+    plain's does (``input``, then ``context``, then the answer's tokens, as AddableDicts)."""
+    from langchain_classic.chains import create_history_aware_retriever, create_retrieval_chain
+    from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.runnables.utils import AddableDict
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_huggingface import HuggingFaceEmbeddings
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.langchain import TeolaRunnable
+
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()))
+    store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:16]], embeddings)
+    retriever = store.as_retriever(search_kwargs={"k": 2})
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=12)
+    answer_prompt = ChatPromptTemplate.from_messages([("system", "Answer from the context:\n\n{context}"),
+                                                      ("human", "{input}")])
+    rephrase = ChatPromptTemplate.from_messages([MessagesPlaceholder("chat_history"), ("human", "{input}"),
+                                                 ("human", "Write a search query for the question.")])
+    answer_docs = create_stuff_documents_chain(llm, answer_prompt)
+    history_aware = create_retrieval_chain(create_history_aware_retriever(llm, retriever, rephrase), answer_docs)
+    fast = TeolaRunnable(history_aware, runtime=runtime)
+    first = {"input": QUESTIONS[0], "chat_history": []}
+    follow_up = {"input": "And when?", "chat_history": [("human", QUESTIONS[0]), ("ai", "I do not know.")]}
+    for turn in (first, follow_up):  # its branch, chosen at run time: no rephrasing, then rephrasing
+        plain = history_aware.invoke(turn)
+        assert {o.component for o in fast._plan(turn).trace.opaque} == {"format_docs"}
+        got = fast.invoke(turn)
+        assert got["answer"] == plain["answer"] and got["context"] == plain["context"]
+
+    chain = create_retrieval_chain(retriever, answer_docs)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert {p.op.value for p in fast.trace(first).nodes} >= {"embed", "vector_search", "llm_decode"}
+    assert {o.component for o in fast._plan(first).trace.opaque} <= {"format_docs", "RunnableLambda"}
+    plain = chain.invoke(first)
+    plain_chunks, chunks = list(chain.stream(first)), list(fast.stream(first))
+    assert all(type(c) is AddableDict for c in chunks)
+    assert [sorted(c) for c in chunks[:2]] == [sorted(c) for c in plain_chunks[:2]]  # the input's keys, the context
+    assert len([c for c in chunks if "answer" in c]) > 3  # token by token
+    plain_answer = "".join(c["answer"] for c in plain_chunks if "answer" in c)
+    assert "".join(c["answer"] for c in chunks if "answer" in c) == plain_answer
+    merged = chunks[0]
+    for c in chunks[1:]:
+        merged = merged + c
+    assert merged == {**first, "context": plain["context"], "answer": plain_answer}
+
+
 def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):
     from langchain_community.llms.vllm import VLLMOpenAI
     from langchain_core.callbacks import BaseCallbackHandler

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
-from ..capture.langchain.tracer import text_tokens
+from ..capture.langchain.tracer import FIELD_OUTPUT, text_tokens
 from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
 from ..optimizer import optimize
@@ -47,15 +47,23 @@ class ExecutionPlan:
             await runtime.add_local_engine(engine, FrameworkVectorStoreEngine(store, name=engine), owner=store)
 
     async def execute(self, runtime: Runtime, input: Any, *, timeout_s: float | None = None,
-                      on_token: Callable[[str], None] | None = None) -> Any:
-        """Run one call on the runtime loop; ``on_token`` receives the output's text deltas."""
+                      on_token: Callable[[str], None] | None = None,
+                      on_field: Callable[[str, Any], None] | None = None) -> Any:
+        """Run one call on the runtime loop; ``on_token`` receives the output's text deltas,
+        ``on_field`` a dict output's other fields (key, value) as each is ready."""
         await self.serve_stores(runtime)
         tokens = self.trace.output.tokens_from
+
+        def field_ready(name: str, value: Any) -> None:
+            if name.startswith(FIELD_OUTPUT):
+                on_field(name[len(FIELD_OUTPUT):], value)  # type: ignore[misc]
+
         with routing_served_calls(runtime):  # opaque steps' model-server calls: the served engines
             out = await runtime.execute(
                 self.graph, self.graph_inputs(input), timeout_s=timeout_s,
                 on_token=(lambda text: text and on_token(text)) if on_token else None,
-                token_nodes=frozenset({tokens}) if tokens and on_token else frozenset())
+                token_nodes=frozenset({tokens}) if tokens and on_token else frozenset(),
+                on_output=field_ready if on_field else None)
         return out["output"]
 
     def explain(self) -> str:

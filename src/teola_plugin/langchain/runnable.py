@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
@@ -22,6 +22,7 @@ from langchain_core.messages import AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list, merge_configs
 from langchain_core.runnables.graph import Graph
+from langchain_core.runnables.utils import AddableDict
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -254,31 +255,72 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[Any]:
         input = _last(inputs)
         runtime, plan = self.teola_runtime(), self._plan(input)
-        chunk, streamed = _chunker(plan), False
-        run = lambda push: calling_from(None, plan.execute(runtime, input, on_token=push,  # noqa: E731
-                                                           timeout_s=self.timeout_s))
+        chunks = _Chunks(plan)
+        run = lambda push: calling_from(None, chunks.execute(plan, runtime, input, push,  # noqa: E731
+                                                              self.timeout_s))
         for final, item in stream_sync(runtime, run):
-            if not final:
-                streamed = True
-                yield chunk(item)
-            elif not streamed:  # nothing streamed (no LLM at the end): the output at once
-                yield item
+            yield from chunks.finish(item) if final else (item,)
 
     async def _astream_chunks(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         input = None
         async for input in inputs:  # noqa: B007
             pass
         runtime, plan = self.teola_runtime(), self._plan(input)
-        chunk, streamed = _chunker(plan), False
+        chunks = _Chunks(plan)
         caller = asyncio.get_running_loop()
-        run = lambda push: calling_from(caller, plan.execute(runtime, input, on_token=push,  # noqa: E731
-                                                             timeout_s=self.timeout_s))
+        run = lambda push: calling_from(caller, chunks.execute(plan, runtime, input, push,  # noqa: E731
+                                                                self.timeout_s))
         async for final, item in stream_async(runtime, run):
-            if not final:
-                streamed = True
-                yield chunk(item)
-            elif not streamed:
-                yield item
+            for chunk in chunks.finish(item) if final else (item,):
+                yield chunk
+
+
+class _Chunks:
+    """One call's stream chunks, as the chain streams them: the output's token deltas (str,
+    or ``AIMessageChunk`` for a chat reply); for a dict output, ``AddableDict`` chunks — one
+    per field when it is ready, the streaming field's deltas as ``{key: delta}``; the
+    output at once when nothing streamed."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.shape = plan.trace.output
+        self.group_of = {k: group for group in self.shape.field_groups for k in group}
+        self.ready: dict[str, Any] = {}
+        self.sent: set[str] = set()
+        self.streamed = False
+
+    def _delta(self, text: str) -> Any:
+        return AIMessageChunk(content=text) if self.shape.streams == "message" else text
+
+    async def execute(self, plan: ExecutionPlan, runtime: Runtime, input: Any, push: Any,
+                      timeout_s: float | None) -> Any:
+        key = self.shape.streaming_field
+
+        def token(text: str) -> None:
+            self.streamed = True
+            if key is None:
+                push(self._delta(text))
+            else:
+                self.sent.add(key)
+                push(AddableDict({key: self._delta(text)}))
+
+        def field(name: str, value: Any) -> None:
+            self.ready[name] = value
+            group = self.group_of.get(name, (name,))
+            if all(k in self.ready for k in group):
+                self.streamed = True
+                self.sent.update(group)
+                push(AddableDict({k: self.ready[k] for k in group}))
+
+        return await plan.execute(runtime, input, on_token=token, timeout_s=timeout_s,
+                                  on_field=field if self.shape.fields is not None else None)
+
+    def finish(self, output: Any) -> Iterator[Any]:
+        """What is left to send once the run returned ``output``."""
+        if self.shape.fields is not None and isinstance(output, Mapping):
+            missing = [k for k in self.shape.fields if k not in self.sent and k in output]  # no tokens came
+            yield from (AddableDict({k: output[k]}) for k in missing)
+        elif not self.streamed:
+            yield output
 
 
 def _last(items: Iterator[Any]) -> Any:
@@ -286,13 +328,6 @@ def _last(items: Iterator[Any]) -> Any:
     for value in items:  # noqa: B007
         pass
     return value
-
-
-def _chunker(plan: ExecutionPlan) -> Any:
-    """Token deltas as the chain's stream chunks: str, or AIMessageChunk for a chat reply."""
-    if plan.trace.output.streams == "message":
-        return lambda text: AIMessageChunk(content=text)
-    return lambda text: text
 
 
 def llm_engine_models(runtime: Runtime) -> dict[str, str]:

@@ -21,6 +21,7 @@ whole query the same way, raising :class:`~teola_plugin.errors.QueryTimeoutError
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 import uuid
@@ -114,6 +115,7 @@ class GraphRun:
         timeout_s: float | None = None,
         on_token: Callable[[str], None] | None = None,
         token_nodes: frozenset[str] = frozenset(),
+        on_output: Callable[[str, Any], None] | None = None,
         arrival: float | None = None,
         start_engines: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
@@ -131,6 +133,7 @@ class GraphRun:
         self.timeout_s = check_timeout(timeout_s)
         self.on_token = on_token
         self.token_nodes = token_nodes
+        self.on_output = on_output  # called with (output name, value) as each graph output is ready
         self.arrival = arrival if arrival is not None else time.time()
         self.remaining = remaining_path(graph, cost)
         self._values: dict[Ref, asyncio.Future[Any]] = {}
@@ -176,6 +179,9 @@ class GraphRun:
                 continue  # runs per item, started by its decode
             self._tasks.append(loop.create_task(self._run_node(prim), name=prim.name))
         outputs = {name: self._values[ref] for name, ref in self.graph.outputs.items()}
+        if self.on_output is not None:
+            for name, fut in outputs.items():
+                fut.add_done_callback(functools.partial(self._report_output, name))
         waiting = set(self._tasks) | set(outputs.values())
         while True:
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_EXCEPTION)
@@ -187,6 +193,10 @@ class GraphRun:
                 return {name: f.result() for name, f in outputs.items()}
             if not waiting:  # cannot happen for a valid graph
                 raise RuntimeError(f"graph {self.graph.name!r} finished without producing {sorted(outputs)}")
+
+    def _report_output(self, name: str, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.on_output(name, fut.result())  # type: ignore[misc]
 
     async def _cleanup(self) -> None:
         tasks = self._tasks + [t for ts in self._item_tasks.values() for t in ts]

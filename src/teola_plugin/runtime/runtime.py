@@ -521,8 +521,11 @@ class Runtime:
         timeout_s: float | None = None,
         on_token: Callable[[str], None] | None = None,
         token_nodes: frozenset[str] = frozenset(),
+        on_output: Callable[[str, Any], None] | None = None,
     ) -> dict[str, Any]:
-        """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async)."""
+        """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async).
+        ``on_token`` receives the text deltas of ``token_nodes``; ``on_output`` each graph
+        output as soon as it is ready (name, value)."""
         if not isinstance(graph, PGraph):
             raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
         if not isinstance(inputs, Mapping):
@@ -532,7 +535,8 @@ class Runtime:
         left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
-                       on_token=on_token, token_nodes=token_nodes, start_engines=self.start_engines)
+                       on_token=on_token, token_nodes=token_nodes, on_output=on_output,
+                       start_engines=self.start_engines)
         try:
             return await run.run()
         except QueryTimeoutError as exc:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...ir.graph import PGraph
-from ...ir.node import Primitive, Ref
+from ...ir.node import INPUT, Primitive, Ref
 from ...ir.ops import Op
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
@@ -93,18 +93,30 @@ class InputLayout:
         return dict(value) if self.keys is not None else {"input": value}
 
 
+FIELD_OUTPUT = "field:"  # graph outputs "field:<key>": a dict output's fields, streamed as they are ready
+
+
 @dataclass(frozen=True)
 class OutputShape:
-    """How the graph output maps back to the chain's output, and what streams."""
+    """How the graph output maps back to the chain's output, and what streams.
+
+    A dict output with known keys (``RunnableParallel``, ``.assign``) streams as plain's
+    does: one chunk per group of fields when they are ready (graph outputs ``field:<key>``),
+    and the tokens of the one field an LLM decodes as ``{key: delta}``. A group is one field,
+    except the input's own keys passed through first (``RunnablePassthrough.assign``), which
+    plain sends as one chunk."""
 
     streams: str | None = None  # "text": str deltas, "message": AIMessageChunk deltas
-    tokens_from: str | None = None  # the llm_decode whose tokens are the output
+    tokens_from: str | None = None  # the llm_decode whose tokens are the output (or its field)
+    fields: tuple[str, ...] | None = None  # a dict output's keys, in order
+    streaming_field: str | None = None  # the key whose value streams tokens
+    field_groups: tuple[tuple[str, ...], ...] = ()  # the other keys, as the chunks that carry them
 
 
 def text_tokens(output: OutputShape) -> str | None:
     """The node whose tokens are ``output``'s text as str deltas (an expansion streams it as
     its own text); None when it does not stream, or streams message chunks."""
-    return output.tokens_from if output.streams == "text" else None
+    return output.tokens_from if output.streams == "text" and output.fields is None else None
 
 
 @dataclass
@@ -301,15 +313,41 @@ class LangChainTracer:
         return prim.out("prompt")
 
     # -- result ----------------------------------------------------------------------------
+    def _record_shape(self, record: Record) -> OutputShape:
+        """The first field whose value streams tokens streams them; every other field is a
+        graph output of its own, sent as one chunk when ready."""
+        shape, streaming, groups = OutputShape(), None, []
+        passed_through = True  # still in the leading run of the input's own keys
+        for key, item in record.fields:
+            inner = _streams(item)
+            passed_through = passed_through and isinstance(item, Traced) and item.ref == Ref(INPUT, key)
+            if streaming is None and inner.streams is not None:
+                shape, streaming = inner, key
+                continue
+            self.graph.output(FIELD_OUTPUT + key, self.materialise(item))
+            if passed_through and groups:
+                groups[-1] += (key,)
+            else:
+                groups.append((key,))
+        return OutputShape(shape.streams, shape.tokens_from, tuple(k for k, _ in record.fields), streaming,
+                           tuple(groups))
+
     def finish(self, value: Value, layout: InputLayout) -> LangChainTrace:
-        shape = OutputShape()
-        if isinstance(value, Traced) and value.tokens_from:
-            shape = OutputShape("text", value.tokens_from)
-        elif isinstance(value, ChatReply) and value.text.tokens_from:
-            shape = OutputShape("message", value.text.tokens_from)
+        shape = _streams(value)
+        if isinstance(value, Record):
+            shape = self._record_shape(value)
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
         return LangChainTrace(self.graph, layout, shape, dict(self.stores), list(self.opaque))
+
+
+def _streams(value: Value) -> OutputShape:
+    """What a value streams: its text's tokens, or its message's."""
+    if isinstance(value, Traced) and value.tokens_from:
+        return OutputShape("text", value.tokens_from)
+    if isinstance(value, ChatReply) and value.text.tokens_from:
+        return OutputShape("message", value.text.tokens_from)
+    return OutputShape()
 
 
 def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None, *,
