@@ -120,6 +120,29 @@ def test_streamed_messages_of_a_graph_are_relayed_chunk_by_chunk_as_plain(record
         [m.usage_metadata for m, _ in plain if m.usage_metadata]
 
 
+def test_a_graph_wrapped_whole_streams_batches_and_reports_events_as_plain(recording_proxy, served_runtime):
+    """A graph is one opaque step: the wrapper runs it as it is — LangGraph's own stream
+    (``updates`` by default), batch and event tree, no extra wrapper run — while its model
+    calls are relayed."""
+    graph = fan_out_graph(chat_openai(recording_proxy.base_url, max_tokens=6))
+    state = {"topics": ["rain", "Paris"], "answers": []}
+    fast = TeolaRunnable(graph, runtime=served_runtime)
+    assert fast._plan(state).trace.runs_as_is
+
+    def updates(chunks: list) -> list:
+        return sorted(json.dumps(c, sort_keys=True) for c in chunks)  # Send branches finish in any order
+
+    before = relayed(served_runtime)
+    assert updates(fast.stream(state)) == updates(graph.stream(state))
+    assert fast.batch([state, state]) == graph.batch([state, state])
+
+    async def events(runnable) -> list[tuple[str, str]]:
+        return sorted([(e["event"], e["name"]) async for e in runnable.astream_events(state, version="v2")])
+
+    assert asyncio.run(events(fast)) == asyncio.run(events(graph))
+    assert relayed(served_runtime) - before == 2 + 4 + 2
+
+
 def test_a_tool_calling_graph_gets_the_same_tool_calls_and_messages(recording_proxy, served_runtime):
     """The agent loop as LangGraph's docs write it: a model with tools -> ToolNode -> the answer.
     ``tool_choice="required"`` makes the bundled model's tool call valid by construction."""

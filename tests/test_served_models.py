@@ -9,6 +9,7 @@ lower every LLM call (nothing opaque). Errors reach the caller as plain's except
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -317,6 +318,54 @@ def test_retrieval_chain_helpers_are_lowered_and_stream_plains_chunks(recording_
     for c in chunks[1:]:
         merged = merged + c
     assert merged == {**first, "context": plain["context"], "answer": plain_answer}
+
+
+def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_proxy, runtime):
+    """The LangChain streaming guide's pattern: ``on_chat_model_stream`` events of a lowered
+    ``ChatOpenAI``, token by token, from the same streaming request plain sends; a plain
+    ``invoke`` with a callback handler hears no tokens, in both."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=8)
+    chain = ChatPromptTemplate.from_template("Tell me about {topic}.") | llm | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert fast._plan({"topic": "x"}).trace.opaque == []
+
+    async def model_events(runnable) -> tuple[list[str], list[str]]:
+        kinds, tokens = [], []
+        async for event in runnable.astream_events({"topic": "rain"}, version="v2"):
+            if event["name"] == "ChatOpenAI":
+                kinds.append(event["event"])
+                if event["event"] == "on_chat_model_stream" and event["data"]["chunk"].content:
+                    tokens.append(event["data"]["chunk"].content)
+        return kinds, tokens
+
+    recording_proxy.take()
+    plain_kinds, plain_tokens = asyncio.run(model_events(chain))
+    sent_plain = recording_proxy.take()
+    kinds, tokens = asyncio.run(model_events(fast))
+    assert tokens == plain_tokens and len(tokens) > 3
+    assert kinds[0] == "on_chat_model_start" and kinds[-1] == "on_chat_model_end"
+    assert set(kinds) == set(plain_kinds)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["stream"] is True
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens = 0
+
+        def on_llm_new_token(self, token, **kwargs) -> None:
+            self.tokens += 1
+
+    heard = [Tokens(), Tokens()]
+    assert fast.invoke({"topic": "rain"}, {"callbacks": [heard[0]]}) == \
+        chain.invoke({"topic": "rain"}, {"callbacks": [heard[1]]})
+    assert heard[0].tokens == heard[1].tokens == 0
 
 
 def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):

@@ -111,7 +111,10 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
         # a data edge on a SIGNAL, so no pass mistakes it for a removable module-order wait.
         _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL}, {"state": T.LLM_STATE}, "llm",
               batchable=True, optional_inputs=("prefix",), doc="prefill the full prompt"),
-        _spec(Op.LLM_DECODE, {"state": T.LLM_STATE}, {"text": T.TEXT, "items": T.TEXTS, "response": T.ANY}, "llm",
+        # `listener` (optional): a callable given each decoded text delta (a framework's token
+        # callbacks: LangChain's on_llm_new_token), or None.
+        _spec(Op.LLM_DECODE, {"state": T.LLM_STATE, "listener": T.ANY},
+              {"text": T.TEXT, "items": T.TEXTS, "response": T.ANY}, "llm", optional_inputs=("listener",),
               streamable=True, doc="generate; attrs['parse'] splits the text into items; 'response' is a "
                                    "model server's reply (None in-process)"),
         _spec(Op.AGGREGATE, {}, {"out": T.ANY}, "cpu", variadic_inputs=True,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
+from ..capture.langchain.rules.callbacks import streams_llm_calls
 from ..capture.langchain.tracer import FIELD_OUTPUT, text_tokens
 from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
@@ -63,7 +64,7 @@ class ExecutionPlan:
                 self.graph, self.graph_inputs(input), timeout_s=timeout_s,
                 on_token=(lambda text: text and on_token(text)) if on_token else None,
                 token_nodes=frozenset({tokens}) if tokens and on_token else frozenset(),
-                on_output=field_ready if on_field else None)
+                on_output=field_ready if on_field else None, stream_llm_calls=streams_llm_calls())
         return out["output"]
 
     def explain(self) -> str:

@@ -134,8 +134,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self._plan_for_inspection(input).explain()
 
     def get_graph(self, config: RunnableConfig | None = None) -> Graph:
-        """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.)."""
-        return to_langchain_graph(self._plan_for_inspection(None).graph)
+        """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.); a
+        chain that runs as it is (a LangGraph graph) draws its own graph, as plain."""
+        plan = self._plan_for_inspection(None)
+        if plan.trace.runs_as_is and self.timeout_s is None:
+            return self.chain.get_graph(config)
+        return to_langchain_graph(plan.graph)
 
     # -- schemas: the chain's ------------------------------------------------------------
     @property
@@ -175,17 +179,29 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self.chain.get_prompts(config)
 
     # -- invoke / batch ------------------------------------------------------------------
-    # Call-time keyword arguments (``.bind(stop=...)`` on the wrapper) go to the chain's first
-    # step in plain LangChain; the plan has no place for them, so such a call runs the chain
-    # itself, unchanged (its model-server calls still go through the served engines).
+    # Call-time keyword arguments (``.bind(stop=...)`` on the wrapper, LangGraph's
+    # ``stream_mode``) go to the chain's first step in plain LangChain; the plan has no place
+    # for them, so such a call runs the chain itself, unchanged (its model-server calls still
+    # go through the served engines), as does a chain that is one opaque step.
+    def _runs_as_is(self, input: Any) -> bool:
+        """The chain is one opaque step (a LangGraph graph, an agent): it runs as it is, with
+        its own run tree, streams and batch, and its model-server calls on the served
+        engines. Not with ``timeout_s``, which only a graph run enforces."""
+        if self.timeout_s is not None:
+            return False
+        try:
+            return self._plan(input).trace.runs_as_is
+        except Exception:  # noqa: BLE001 - the graph run reports it, as for any input
+            return False
+
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if kwargs:
+        if kwargs or self._runs_as_is(input):
             with routing_served_calls(self.teola_runtime()):
                 return self.chain.invoke(input, config, **kwargs)
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if kwargs:
+        if kwargs or self._runs_as_is(input):
             with routing_served_calls(self.teola_runtime()):
                 return await self.chain.ainvoke(input, config, **kwargs)
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
@@ -214,6 +230,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         ``max_concurrency`` the caller sets is LangChain's to apply, as plain."""
         if not inputs:
             return []
+        if self._runs_as_is(inputs[0]):
+            with routing_served_calls(self.teola_runtime()):
+                return self.chain.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         configs = get_config_list(config, len(inputs))
         if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
             return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
@@ -232,7 +251,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
-        if kwargs:
+        if kwargs or self._runs_as_is(input):
             yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
             return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
@@ -240,7 +259,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     async def astream(self, input: Any, config: RunnableConfig | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
-        if kwargs:
+        if kwargs or self._runs_as_is(input):
             async for chunk in routed_aiterate(self.teola_runtime(), self.chain.astream(input, config, **kwargs)):
                 yield chunk
             return

@@ -90,9 +90,11 @@ class NodeContext:
         self.run.on_item(self.prim, item)
 
     def streams_to_caller(self) -> bool:
-        """The caller streams the tokens of a node reading this one (an LLM call it streams)."""
+        """The caller streams the tokens of a node reading this one (an LLM call it streams),
+        or every LLM call's (a framework's streaming callbacks: LangChain's astream_events)."""
         run = self.run
-        return run.on_token is not None and any(c in run.token_nodes for c in run.graph.consumers(self.prim.name))
+        return run.stream_llm_calls or (run.on_token is not None
+                                        and any(c in run.token_nodes for c in run.graph.consumers(self.prim.name)))
 
     def emit_token(self, text: str) -> None:
         if self.run.on_token is not None and self.prim.name in self.run.token_nodes:
@@ -116,6 +118,7 @@ class GraphRun:
         on_token: Callable[[str], None] | None = None,
         token_nodes: frozenset[str] = frozenset(),
         on_output: Callable[[str, Any], None] | None = None,
+        stream_llm_calls: bool = False,
         arrival: float | None = None,
         start_engines: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
@@ -134,6 +137,7 @@ class GraphRun:
         self.on_token = on_token
         self.token_nodes = token_nodes
         self.on_output = on_output  # called with (output name, value) as each graph output is ready
+        self.stream_llm_calls = stream_llm_calls  # send LLM calls as streaming requests (someone hears tokens)
         self.arrival = arrival if arrival is not None else time.time()
         self.remaining = remaining_path(graph, cost)
         self._values: dict[Ref, asyncio.Future[Any]] = {}
@@ -286,6 +290,7 @@ class GraphRun:
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
             start_engines=self.start_engines,
             handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
+            stream_llm_calls=self.stream_llm_calls,
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
                          else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),
         )

@@ -167,6 +167,7 @@ class PrimitiveHandlers:
         # A pipelined decode feeds its region every item, each as soon as it is complete
         # (a line: at its line break; a JSON list's: at the end), and in order.
         stream_items = bool(prim.attrs.get("stream_items")) and parse is not None
+        listener = inputs.get("listener")
         text, emitted, response = "", 0, None
 
         def on_delta(delta: Any) -> None:
@@ -174,6 +175,8 @@ class PrimitiveHandlers:
             response = getattr(delta, "response", None) or response  # a served model's reply, at the end
             text += delta.text
             ctx.emit_token(delta.text)
+            if listener is not None and delta.text:
+                listener(delta.text)
             if stream_items:
                 complete = semantics.complete_items(text, parse)
                 for item in complete[emitted:]:

@@ -522,10 +522,12 @@ class Runtime:
         on_token: Callable[[str], None] | None = None,
         token_nodes: frozenset[str] = frozenset(),
         on_output: Callable[[str, Any], None] | None = None,
+        stream_llm_calls: bool = False,
     ) -> dict[str, Any]:
         """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async).
         ``on_token`` receives the text deltas of ``token_nodes``; ``on_output`` each graph
-        output as soon as it is ready (name, value)."""
+        output as soon as it is ready (name, value); ``stream_llm_calls`` sends every LLM call
+        as a streaming request (a framework's callbacks hear its tokens)."""
         if not isinstance(graph, PGraph):
             raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
         if not isinstance(inputs, Mapping):
@@ -536,7 +538,7 @@ class Runtime:
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes, on_output=on_output,
-                       start_engines=self.start_engines)
+                       stream_llm_calls=stream_llm_calls, start_engines=self.start_engines)
         try:
             return await run.run()
         except QueryTimeoutError as exc:

@@ -127,6 +127,13 @@ class LangChainTrace:
     stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
     opaque: list[OpaqueComponent] = field(default_factory=list)
 
+    @property
+    def runs_as_is(self) -> bool:
+        """The chain as a whole stays opaque (a LangGraph graph, an agent, a runnable without a
+        rule): one opaque call produces the output, and the rest is CPU glue (the inputs' dict)."""
+        return (len(self.opaque) == 1 and self.graph.outputs["output"].node == self.opaque[0].node
+                and all(p.kind == "cpu" for p in self.graph.nodes))
+
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""
         from ...runtime.values import IndexHandle

@@ -6,12 +6,16 @@ context) would not hear of it. Two CPU primitives stand in: ``llm_start`` fires
 ``on_chat_model_start`` / ``on_llm_start`` with the prompt the engine receives, as soon
 as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text (a served
 model: its own result, from the server's reply) and passes the text and the reply message on.
-Without callbacks both return at once. Token callbacks (``on_llm_new_token``) and
-``on_llm_error`` are not reported.
+Without callbacks both return at once. When a handler streams (``astream_events``,
+``astream_log``: where plain's model would stream the call), the call is sent as the model's
+streaming request and each decoded delta reaches ``on_llm_new_token`` as the model reports
+it (the decode's ``listener``: :class:`CallRun`), in order, before ``on_llm_end``.
+``on_llm_error`` is not reported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,8 +23,11 @@ from typing import Any
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
 from langchain_core.messages import AIMessage, convert_to_messages
-from langchain_core.outputs import ChatGeneration, ChatResult, Generation, LLMResult
+from langchain_core.messages import AIMessageChunk
+from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
+                                    LLMResult)
 from langchain_core.runnables.config import ensure_config
+from langchain_core.tracers._streaming import _StreamingCallbackHandler  # what makes plain's models stream
 from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 
 from ....runtime.framework_threads import in_framework_thread
@@ -41,6 +48,45 @@ def _callback_manager(model: Any, stop: list[str] | None) -> CallbackManager | N
                                      getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
 
 
+def streams_llm_calls() -> bool:
+    """A handler of the caller's config streams (``astream_events`` / ``astream_log``): plain's
+    models would send streaming requests and report every token."""
+    handlers = CallbackManager.configure(ensure_config().get("callbacks")).handlers
+    return any(isinstance(h, _StreamingCallbackHandler) for h in handlers)
+
+
+class CallRun:
+    """One reported call: its callback run, and (when a handler streams) the decode's
+    listener that reports each delta to ``on_llm_new_token`` off the runtime loop, in order."""
+
+    def __init__(self, run: Any, chat: bool, streaming: bool) -> None:
+        self.run = run
+        self.chat = chat
+        self.streaming = streaming
+        self._last: asyncio.Future[None] | None = None
+
+    def __call__(self, text: str) -> None:  # on the runtime loop, per decoded delta
+        if not self.streaming:
+            return
+        if self.chat:
+            chunk: Any = ChatGenerationChunk(message=AIMessageChunk(content=text, id=f"{LC_ID_PREFIX}-{self.run.run_id}"))
+        else:
+            chunk = GenerationChunk(text=text)
+        previous = self._last
+
+        async def report() -> None:
+            if previous is not None:
+                await previous
+            await in_framework_thread(self.run.on_llm_new_token, text, chunk=chunk)
+
+        self._last = asyncio.ensure_future(report())
+
+    async def reported(self) -> None:
+        """Every delta reported (before ``on_llm_end``)."""
+        if self._last is not None:
+            await self._last
+
+
 def _invoke_message(result: Any, run: Any) -> Any:
     """The message ``invoke`` returns for ``result``: BaseChatModel's own post-processing
     (the result's llm_output and generation info in ``response_metadata``, a run id)."""
@@ -53,7 +99,7 @@ def _invoke_message(result: Any, run: Any) -> Any:
 
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tuple[Callable, Callable]:
-    """``(report_start(prompt) -> run manager | None,
+    """``(report_start(prompt) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
     (from a served model's reply), else None."""
     chat = spec.returns_message
@@ -78,21 +124,22 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
                 text = prompt["prompt"][0] if isinstance(prompt, Mapping) else prompt  # a served body's
                 (run,) = manager.on_llm_start(serialized, [text], invocation_params=params,
                                               options=options, batch_size=1)
-            return run
+            return CallRun(run, chat, any(isinstance(h, _StreamingCallbackHandler) for h in manager.handlers))
 
         return await in_framework_thread(start)
 
     async def report_end(run: Any, text: str, response: Any = None) -> dict[str, Any]:
         if spec.to_result is not None and response is not None:  # a served model: its own result
             result = spec.to_result(response)
-            message = _invoke_message(result, run) if chat else None
+            message = _invoke_message(result, run.run if run is not None else None) if chat else None
             if isinstance(result, ChatResult):  # what BaseChatModel.generate reports it as
                 result = LLMResult(generations=[result.generations], llm_output=result.llm_output)
         else:
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
             result, message = LLMResult(generations=[[generation]]), None
         if run is not None:
-            await in_framework_thread(run.on_llm_end, result)
+            await run.reported()
+            await in_framework_thread(run.run.on_llm_end, result)
         return {"text": text, "message": message}
 
     return report_start, report_end

@@ -111,7 +111,8 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     prefill = t.add(Op.LLM_PREFILL, name="llm_prefill", engine=spec.engine, inputs={"prompt": fmt.out()},
                     attrs={"sampling_params": params, "max_tokens": max_tokens, "est_prompt_tokens": est_tokens,
                            **errors, **streamed}, origin=origin)
-    decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine, inputs={"state": prefill.out()},
+    decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine,
+                   inputs={"state": prefill.out(), "listener": started.out("run")},
                    attrs={"max_tokens": max_tokens, **decode_attrs, **errors}, origin=origin)
     ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
                                                      "response": decode.out("response")},
