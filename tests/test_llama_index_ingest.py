@@ -267,7 +267,7 @@ def test_the_store_engine_routes_each_insert_to_the_claim_its_join_names(monkeyp
     import asyncio
 
     from teola_plugin.llama_index import pending_ingestion as ingest
-    from teola_plugin.engines.llama_index_store import FrameworkVectorStoreEngine
+    from teola_plugin.engines.llama_index_store import LlamaIndexStoreEngine
     from teola_plugin.errors import EngineInputError
 
     stored: list[tuple[str, list[str]]] = []
@@ -275,7 +275,7 @@ def test_the_store_engine_routes_each_insert_to_the_claim_its_join_names(monkeyp
         (index.label, [n.node_id for n in nodes])))
     insert = lambda *requests: asyncio.run(engine.batch_insert(list(requests)))  # noqa: E731
     a, b = stub_pending(ingest, "a", range(2)), stub_pending(ingest, "b", range(3))
-    engine = FrameworkVectorStoreEngine(object(), name="store")
+    engine = LlamaIndexStoreEngine(object(), name="store")
     try:
         claim_a, claim_b = a.try_claim(list(a.batches)), b.try_claim(list(b.batches))
         engine.expect("join-a", claim_a)

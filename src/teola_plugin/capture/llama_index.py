@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .common import NotLowerable  # noqa: F401  (the rules import it from here too)
 from ..engines.base import Engine
 from ..ir.app_graphs import Tracer
 from ..ir.graph import PGraph
@@ -169,10 +170,6 @@ class TracedApp:
         return [n for n in self.notes if n.kind == "opaque"]
 
 
-class NotLowerable(Exception):
-    """Raised by a rule that cannot lower this instance; the message says why."""
-
-
 # -- the rule registries ----------------------------------------------------------------------
 C = TypeVar("C")
 QueryEngineRule = Callable[["LlamaIndexTracer", Any], dict[str, Ref]]  # -> {"response", "nodes"}
@@ -224,7 +221,7 @@ class LlamaIndexTracer:
         """A component left as it is: one impure primitive calling its own method (the query
         engines and retrievers it calls in turn are still run by the executor)."""
         prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
-                          attrs={"fn": component_call(component, fn), "pure": False, "opaque_reason": reason},
+                          attrs={"fn": component_call(component, fn), "pure": False},
                           origin=type(component).__name__)
         ref = prim.out()
         self.note(ref.node, component, "opaque", reason)

@@ -30,6 +30,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from ..ir import semantics
 from ..ir.node import Ref
 from ..ir.ops import Op
+from ..ir.semantics import CHARS_PER_TOKEN
 from .llama_index import (
     RETRIEVER_RULES,
     LlamaIndexTracer,
@@ -38,8 +39,6 @@ from .llama_index import (
 )
 from .llama_index_models import embedder_engine_for, engine_llm
 from .llama_index_rules import check_vector_retriever, store_index
-
-CHARS_PER_TOKEN = 4
 
 
 @lowering_rule(RETRIEVER_RULES, QueryFusionRetriever)

@@ -44,7 +44,7 @@ class Join:
 
     state: Any  # llama_index.pending_ingestion.PendingIngestion
     batches: list[Any]  # its PendingBatch list as the trace saw it
-    engine: Any  # FrameworkVectorStoreEngine; None: not joined (flushed before the graph runs)
+    engine: Any  # LlamaIndexStoreEngine; None: not joined (flushed before the graph runs)
     index_name: str
     join_id: str = ""
     claim: Any = None  # the run's Claim, taken at plan time
@@ -103,7 +103,7 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     texts = tr.bind_input(f"{name}_texts", [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes],
                           PortType.TEXTS)
     # Positions, not node ids, name the nodes: a batch may repeat an id, and the store commits by
-    # order. The join id routes them to this run's claim (FrameworkVectorStoreEngine.expect).
+    # order. The join id routes them to this run's claim (LlamaIndexStoreEngine.expect).
     join_id = f"{name}-{uuid.uuid4().hex}"
     docs = tr.bind_input(f"{name}_docs", [{"id": str(i), "text": "", "metadata": {"claim": join_id}}
                                           for i in range(len(nodes))], PortType.DOCS)

@@ -4,7 +4,7 @@
 * ``VectorIndexRetriever`` over an embedding-only store (``SimpleVectorStore``,
   ``ChromaVectorStore``) in the default query mode: ``embed`` (batched on the embedder
   engine when the model is a TeolaEmbedding) -> query vector -> ``vector_search`` on the
-  user's own store (``FrameworkVectorStoreEngine``) -> the retriever's recursive-retrieval
+  user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
   step.
 * Node postprocessors that are plain functions of (nodes, query): the framework's own
   ``postprocess_nodes`` as a pure CPU step.
@@ -34,7 +34,7 @@ from llama_index.core.response_synthesizers import (
 )
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
-from ..engines.llama_index_store import FrameworkVectorStoreEngine
+from ..engines.llama_index_store import LlamaIndexStoreEngine
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
@@ -85,7 +85,7 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
     # One engine per store and runtime: a second executor on the runtime must bind on the
     # engine that serves the store. It goes when the store is collected (an index built per
     # request is not kept), before the store's id, and so the name, can be reused.
-    engine = tr.ctx.runtime.shared_local_engine(name, lambda: FrameworkVectorStoreEngine(store, name=name),
+    engine = tr.ctx.runtime.shared_local_engine(name, lambda: LlamaIndexStoreEngine(store, name=name),
                                                 owner=store)
     tr.traced.local_engines[engine.name] = engine
     index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)

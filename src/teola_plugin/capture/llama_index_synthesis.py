@@ -36,12 +36,12 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
+from ..ir.semantics import CHARS_PER_TOKEN
 from ..runtime.handlers import Expansion
 from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
 
 EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
-CHARS_PER_TOKEN = 4
 
 
 class SynthesisPlanner:

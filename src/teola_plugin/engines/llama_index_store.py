@@ -29,7 +29,7 @@ from .base import Engine
 from .user_object import UserObjectRef
 
 
-class FrameworkVectorStoreEngine(Engine):
+class LlamaIndexStoreEngine(Engine):
     """Vector search on one LlamaIndex vector store, one bound retriever per index name."""
 
     kind: ClassVar[str] = "vector_store"

@@ -14,6 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
+# Characters per token, for estimates (the cost model's prompt sizes): about four for English
+# text with the tokenizers of the models we serve. One constant for every lowering and pass.
+CHARS_PER_TOKEN = 4
+
 # ---------------------------------------------------------------------------- sharding
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -146,7 +145,6 @@ class GraphRun:
         self._item_tasks: dict[str, list[asyncio.Task[dict[Ref, Any]]]] = {}
         self._states: list[LLMState] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._expansions = itertools.count()
 
     # -- entry ---------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:

@@ -303,6 +303,11 @@ class ReplicaPool:
         self.handles = handles
         self._stream_owner: dict[str, EngineHandle] = {}
 
+    def local_engine(self) -> Engine | None:
+        """The engine object itself when this pool serves it in this process (its first replica's)."""
+        handle = self.handles[0]
+        return handle.server.engine if isinstance(handle, LocalHandle) else None
+
     def _pick(self, route_key: str | None = None) -> EngineHandle:
         if route_key is not None:  # stateful engines: one index always lives on one replica
             return self.handles[zlib.crc32(route_key.encode()) % len(self.handles)]

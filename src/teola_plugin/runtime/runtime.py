@@ -19,13 +19,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import logging
-import os
-import secrets
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
@@ -34,6 +31,7 @@ from ..ir.node import Primitive
 from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
+from .ray_startup import connect_ray
 from .timeline import Timeline
 
 log = logging.getLogger("teola_plugin")
@@ -66,48 +64,6 @@ def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | Non
         "reranker": EngineSpec("reranker", "teola_plugin.engines.reranker:Reranker", kind="reranker"),
         "search": EngineSpec("search", "teola_plugin.engines.search:BM25SearchEngine", kind="search"),
     }
-
-
-def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
-    """Fail fast on an address nothing listens on: ray.init itself retries for ~2 minutes."""
-    import socket
-
-    if address in ("auto", "local"):
-        return
-    hostport = address.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"ray_address must look like 'host:port', 'ray://host:port' or 'auto', got {address!r}")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
-
-
-@contextlib.contextmanager
-def _loopback_node() -> Iterator[None]:
-    """A Ray node whose every process listens on 127.0.0.1 only (measured: GCS, raylet,
-    workers, the driver's core worker, the runtime-env agent, the autoscaler's metrics).
-
-    Ray binds its servers to the node address, but on Linux it replaces a loopback
-    ``_node_ip_address`` with the machine's address (``resolve_ip_for_localhost``: a node
-    must be reachable by others) unless multi-node clusters are off
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``). An embedded runtime is one node, so they are
-    turned off while it starts: in Ray's constants for this process, and in the environment
-    its processes start with (set back afterwards; a user's own value wins)."""
-    from ray._private import ray_constants
-
-    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    before_env, before_const = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
-    if before_env is None:
-        os.environ[name] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        if before_env is None:
-            os.environ.pop(name, None)
-            ray_constants.ENABLE_RAY_CLUSTER = before_const
 
 
 def _cuda_devices() -> int:
@@ -247,38 +203,7 @@ class Runtime:
 
     # -- Ray -----------------------------------------------------------------------------------
     def _init_ray(self) -> None:
-        import ray
-
-        if self.ray_address is not None:
-            _check_reachable(self.ray_address)
-        if ray.is_initialized():
-            # One process joins one cluster: another Runtime (or the user) connected it.
-            current = ray.get_runtime_context().gcs_address
-            if self.ray_address not in (None, "auto") and self.ray_address.split("://")[-1] != current:
-                raise ConfigError(f"this process is already connected to the Ray cluster at {current!r}; "
-                                  f"it cannot also join {self.ray_address!r}")
-            return
-        if self.ray_address is None and "RAY_AUTH_MODE" not in os.environ:
-            # Ray's gRPC servers listen on every interface whatever the node address, and
-            # ray.init turns token authentication on for a new local cluster when the mode
-            # is unset. The token: a fresh one per process, kept in this process's
-            # environment (inherited by Ray's workers) rather than ~/.ray/auth_token.
-            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-        elif self.ray_address is not None:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if self.ray_address is not None:
-            try:
-                ray.init(address=self.ray_address, ignore_reinit_error=True, log_to_driver=False)
-            except Exception as exc:
-                raise ConfigError(f"cannot connect to the Ray cluster at {self.ray_address!r}: {exc}") from exc
-        else:
-            # Embedded: a new local instance ("local": without it ray.init joins whatever
-            # cluster `ray start` last left in /tmp/ray, someone else's included), no
-            # dashboard, sized to the machine, every process on loopback only.
-            with _loopback_node():
-                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                         _node_ip_address="127.0.0.1", log_to_driver=False, ignore_reinit_error=True)
-        self._owns_ray = True
+        self._owns_ray = connect_ray(self.ray_address)
 
     # -- engines -------------------------------------------------------------------------------
     def engines(self, name: str) -> ReplicaPool:
@@ -492,8 +417,8 @@ class Runtime:
         """The engine objects served in this process (``add_local_engine``, or every started
         engine with ``hosting="local"``), by name: integrations read their settings."""
         # a copy first: a collected user object's finalizer may drop a pool on any thread
-        return {name: pool.handles[0].server.engine for name, pool in list(self._pools.items())
-                if isinstance(pool.handles[0], LocalHandle)}
+        engines = {name: pool.local_engine() for name, pool in list(self._pools.items())}
+        return {name: engine for name, engine in engines.items() if engine is not None}
 
     def cost_model(self) -> Any:
         """The optimizer's cost model for this runtime: default profiles plus which engines

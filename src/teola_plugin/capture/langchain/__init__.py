@@ -9,11 +9,11 @@ Add a rule with ``@lowering(MyRunnable)``; see ``tracer.py`` for the contract.
 """
 
 from .protocols import LLMCallSpec, LowerableEmbeddings, LowerableLanguageModel
-from .tracer import (CannotLower, InputLayout, LangChainTrace, LangChainTracer, OpaqueComponent,
+from .tracer import (InputLayout, LangChainTrace, LangChainTracer, OpaqueComponent,
                      OutputShape, lowering, rule_for, trace_runnable)
 
 __all__ = [
-    "CannotLower", "InputLayout", "LLMCallSpec", "LangChainTrace", "LangChainTracer",
+    "InputLayout", "LLMCallSpec", "LangChainTrace", "LangChainTracer",
     "LowerableEmbeddings", "LowerableLanguageModel", "OpaqueComponent", "OutputShape",
     "lowering", "rule_for", "trace_runnable",
 ]

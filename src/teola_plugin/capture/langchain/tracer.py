@@ -3,7 +3,7 @@
 Lowering rules are registered per runnable type (``@lowering(PromptTemplate)``) and found
 along the MRO, most specific first. A rule receives the tracer, the component and the
 symbolic value of its input (``values.py``) and returns the symbolic value of its output.
-A rule that cannot lower a particular instance raises :class:`CannotLower` *before*
+A rule that cannot lower a particular instance raises :class:`NotLowerable` *before*
 emitting anything; the component then runs unchanged as one ``opaque`` primitive that
 calls its own ``invoke``, and the reason is kept for ``explain()``.
 
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive, Ref
 from ...ir.ops import Op
+from ..common import NotLowerable
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
 from .calls import as_the_chain_calls
@@ -61,10 +62,6 @@ def rule_for(cls: type) -> LoweringRule | None:
         if rule is not None:
             return rule
     return None
-
-
-class CannotLower(Exception):
-    """Raised by a rule (before it emits anything): run this component unchanged, because ``reason``."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +240,7 @@ class LangChainTracer:
             return self.opaque_call(runnable, value, f"no lowering rule for {type(runnable).__name__}")
         try:
             return rule(self, runnable, value)
-        except CannotLower as why:
+        except NotLowerable as why:
             return self.opaque_call(runnable, value, str(why))
 
     def opaque_call(self, runnable: Any, value: Value, reason: str) -> Traced:
@@ -258,7 +255,7 @@ class LangChainTracer:
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
-                        attrs={"fn": call_unchanged, "reason": reason}, origin=name, outputs=[OUT])
+                        attrs={"fn": call_unchanged}, origin=name, outputs=[OUT])
         self.note_opaque(runnable, prim.name, reason)
         return Traced(prim.out(OUT))
 

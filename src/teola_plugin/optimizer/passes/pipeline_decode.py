@@ -72,7 +72,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
             for port in leaving_ports(g, g[name], members):
                 agg = g.add(Op.AGGREGATE, name=g.unique_name(f"{name}.collect"),
                             origin=g[name].origin, inputs={"in0": Ref(name, port)},
-                            attrs={"mode": "concat", "collects_stream_of": decode})
+                            attrs={"mode": "concat"})
                 g.replace_uses(Ref(name, port), agg.out(), exclude=members)
         ctx.note(f"{' -> '.join(names)} consume {decode}'s items as they stream out")
     return g

@@ -25,13 +25,13 @@ from typing import Any, Mapping
 from ...ir.analysis import upstream
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive
+from ...ir.semantics import CHARS_PER_TOKEN
 from ...ir.ops import Op
 from ...ir.semantics import template_vars
 from ..context import PassContext
 
 NAME = "split_prefill"
 DESCRIPTION = "prefill the early-known prompt prefix in parallel with retrieval"
-CHARS_PER_TOKEN = 4
 
 
 def _early_nodes(graph: PGraph) -> set[str]:

@@ -26,7 +26,7 @@ from langchain_core.runnables import RunnableSequence
 from ....ir.ops import Op
 from ..calls import as_the_chain_calls
 from ..documents import documents_to_hits, hits_to_documents
-from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering
+from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
 from .models import add_llm_call
 from .prompts import template_variables
@@ -44,13 +44,13 @@ def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
     if (len(steps) != 3 or not isinstance(steps[0], BasePromptTemplate)
             or not isinstance(steps[1], BaseLanguageModel)
             or type(steps[2]) is not LineListOutputParser):
-        raise CannotLower("llm_chain is not prompt | model | LineListOutputParser")
+        raise NotLowerable("llm_chain is not prompt | model | LineListOutputParser")
     if mq.include_original:
-        raise CannotLower("include_original=True is not lowered yet")
+        raise NotLowerable("include_original=True is not lowered yet")
     embedding = check_vector_retriever(t, mq.retriever)
     prompt, model, _ = steps
     if not (isinstance(value, Traced) and value.kind is Kind.TEXT):
-        raise CannotLower("the query is not known to be a str")
+        raise NotLowerable("the query is not known to be a str")
     variables = template_variables(prompt, Record.of({"question": value}))
     decode, _, _, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
                                 parse="lines", est_items=3)

@@ -15,7 +15,7 @@ from langchain_core.runnables import (RunnableLambda, RunnableParallel, Runnable
                                       RunnableSequence)
 from langchain_core.runnables.passthrough import RunnableAssign
 
-from ..tracer import CannotLower, LangChainTracer, lowering
+from ..tracer import NotLowerable, LangChainTracer, lowering
 from ..values import ChatReply, Kind, Record, Traced, Value
 
 
@@ -36,14 +36,14 @@ def lower_parallel(t: LangChainTracer, par: RunnableParallel, value: Value) -> R
 @lowering(RunnablePassthrough)
 def lower_passthrough(t: LangChainTracer, passthrough: RunnablePassthrough, value: Value) -> Value:
     if passthrough.func is not None or passthrough.afunc is not None:
-        raise CannotLower("RunnablePassthrough(func) calls a function for its side effects")
+        raise NotLowerable("RunnablePassthrough(func) calls a function for its side effects")
     return value
 
 
 @lowering(RunnableAssign)
 def lower_assign(t: LangChainTracer, assign: RunnableAssign, value: Value) -> Value:
     if not isinstance(value, Record):
-        raise CannotLower("input is not a dict with keys known while tracing")
+        raise NotLowerable("input is not a dict with keys known while tracing")
     added = lower_parallel(t, assign.mapper, value)  # the mapper is a RunnableParallel
     return Record.of({**value.as_dict(), **added.as_dict()})
 
@@ -62,15 +62,15 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     key = _itemgetter_key(getattr(lam, "func", None))
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
-    raise CannotLower("user function: runs unchanged on the CPU")
+    raise NotLowerable("user function: runs unchanged on the CPU")
 
 
 @lowering(StrOutputParser)
 def lower_str_parser(t: LangChainTracer, parser: StrOutputParser, value: Value) -> Value:
     if type(parser) is not StrOutputParser:  # a subclass may parse (strip, cut) differently
-        raise CannotLower(f"{type(parser).__name__} subclasses StrOutputParser: its own parse runs")
+        raise NotLowerable(f"{type(parser).__name__} subclasses StrOutputParser: its own parse runs")
     if isinstance(value, ChatReply):
         return value.text
     if isinstance(value, Traced) and value.kind is Kind.TEXT:
         return value  # the parser returns a str unchanged
-    raise CannotLower("input is not known to be a str or a chat reply")
+    raise NotLowerable("input is not known to be a str or a chat reply")

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...vllm_identity import ServedModel, engine_serving
 from ..protocols import LLMCallSpec
-from ..tracer import CannotLower
+from ..tracer import NotLowerable
 
 
 def _vllm_class() -> type | None:
@@ -39,12 +39,12 @@ def foreign_call_spec(model: Any, engine_models: Mapping[str, ServedModel | str]
                       stop: list[str] | None) -> LLMCallSpec:
     vllm_cls = _vllm_class()
     if vllm_cls is None or type(model) is not vllm_cls:
-        raise CannotLower("not a Teola model: its engine is unknown (use TeolaChatModel / TeolaLLM)")
+        raise NotLowerable("not a Teola model: its engine is unknown (use TeolaChatModel / TeolaLLM)")
     engine, why = engine_serving(engine_models, "VLLM", model.model, model.dtype, model.vllm_kwargs)
     if engine is None:
-        raise CannotLower(why)
+        raise NotLowerable(why)
     if model.n != 1 or (model.best_of or 1) != 1 or model.use_beam_search:
-        raise CannotLower("VLLM with n / best_of / beam search other than one greedy-or-sampled completion")
+        raise NotLowerable("VLLM with n / best_of / beam search other than one greedy-or-sampled completion")
 
     def to_engine_prompt(input: Any) -> str:
         return model._convert_input(input).to_string()  # BaseLLM.invoke's own conversion

@@ -18,16 +18,16 @@ from langchain_core.runnables import RunnableBinding
 
 from ....ir.node import Primitive, Ref
 from ....ir.ops import Op
+from ....ir.semantics import CHARS_PER_TOKEN
 from ...overrides import overridden
 from ..protocols import LLMCallSpec, LowerableLanguageModel
-from ..tracer import CannotLower, LangChainTracer, component_name, lowering
+from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
 from .prompts import literal_parts
 from .served import is_served_model, served_call_spec
 
-CHARS_PER_TOKEN = 4
 TOKENS_PER_VARIABLE = 64  # a cost-model guess for text that arrives at run time
 
 
@@ -76,11 +76,11 @@ def _overridden_calls(model: Any) -> list[str]:
 
 
 def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
-    """The engine call ``model.invoke(..., stop=stop)`` makes; CannotLower if unknown."""
+    """The engine call ``model.invoke(..., stop=stop)`` makes; NotLowerable if unknown."""
     if isinstance(model, LowerableLanguageModel):
         changed = _overridden_calls(model)
         if changed:
-            raise CannotLower(f"{type(model).__name__} overrides {', '.join(changed)}: its own code runs")
+            raise NotLowerable(f"{type(model).__name__} overrides {', '.join(changed)}: its own code runs")
         spec = model.teola_call_spec()
         if stop is None:
             return spec
@@ -140,16 +140,16 @@ def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) ->
     """``model.bind(stop=...)`` runs the model with that stop; ``x.with_config(tags=...)``
     runs ``x`` (those keys only name the run for tracing)."""
     if type(binding) is not RunnableBinding or binding.config_factories:
-        raise CannotLower(f"{type(binding).__name__} with config factories or a custom binding")
+        raise NotLowerable(f"{type(binding).__name__} with config factories or a custom binding")
     extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG)
     if extra_config:
-        raise CannotLower(f"config {extra_config} changes how the bound runnable runs")
+        raise NotLowerable(f"config {extra_config} changes how the bound runnable runs")
     kwargs = dict(binding.kwargs)
     if isinstance(binding.bound, BaseLanguageModel):
         stop = kwargs.pop("stop", None)
         if kwargs:
-            raise CannotLower(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
+            raise NotLowerable(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
         return _lower_call(t, binding.bound, value, None if stop is None else list(stop))
     if kwargs:
-        raise CannotLower(f"bound arguments {sorted(kwargs)}")
+        raise NotLowerable(f"bound arguments {sorted(kwargs)}")
     return t.lower(binding.bound, value)

@@ -15,7 +15,7 @@ from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListO
                                            MarkdownListOutputParser, NumberedListOutputParser)
 
 from ....ir.ops import Op
-from ..tracer import OUT, CannotLower, LangChainTracer, component_name, lowering
+from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, Traced, Value
 
 LOWERED: set[type] = {JsonOutputParser, CommaSeparatedListOutputParser, NumberedListOutputParser,
@@ -30,10 +30,10 @@ except ImportError:  # langchain-classic is optional
 @lowering(BaseOutputParser)
 def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
     if type(parser) not in LOWERED:
-        raise CannotLower(f"no lowering rule for {type(parser).__name__}")
+        raise NotLowerable(f"no lowering rule for {type(parser).__name__}")
     text = value.text if isinstance(value, ChatReply) else value
     if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
-        raise CannotLower("input is not known to be a str or a chat reply")
+        raise NotLowerable("input is not known to be a str or a chat reply")
     parse = parser.parse
 
     async def parse_output(text: str) -> Any:

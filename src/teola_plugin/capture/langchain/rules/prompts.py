@@ -14,22 +14,22 @@ from typing import Any
 
 from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 
-from ..tracer import CannotLower, LangChainTracer, component_name, lowering
+from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
 
 
 def template_variables(template: BasePromptTemplate, value: Value) -> Record:
-    """The variables the template reads, as a Record; CannotLower when they are not all
+    """The variables the template reads, as a Record; NotLowerable when they are not all
     known while tracing (the template's own invoke then raises its own error, or copes)."""
     required = list(template.input_variables)
     if isinstance(value, Traced) and value.kind is Kind.TEXT and len(required) == 1:
         return Record.of({required[0]: value})  # a template with one variable takes a bare str
     if not isinstance(value, Record):
-        raise CannotLower("input is not a dict with keys known while tracing")
+        raise NotLowerable("input is not a dict with keys known while tracing")
     fields = value.as_dict()
     missing = [v for v in required if v not in fields]
     if missing:
-        raise CannotLower(f"input lacks {missing}; the template reports that itself")
+        raise NotLowerable(f"input lacks {missing}; the template reports that itself")
     optional = [v for v in getattr(template, "optional_variables", ()) if v in fields]
     return Record.of({v: fields[v] for v in [*required, *optional]})
 

@@ -23,7 +23,7 @@ from ....ir.node import Ref
 from ....ir.ops import Op
 from ...embedder_identity import embedder_serving
 from ..protocols import LowerableEmbeddings
-from ..tracer import CannotLower, LangChainTracer, component_name, lowering
+from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
 
 
@@ -37,12 +37,12 @@ class EmbeddingCall:
 
 
 def embedding_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
-    """The engine computing ``embeddings.embed_query``; CannotLower when none does."""
+    """The engine computing ``embeddings.embed_query``; NotLowerable when none does."""
     if isinstance(embeddings, LowerableEmbeddings):
         return EmbeddingCall(embeddings.teola_embedder_engine())
     if is_huggingface_embeddings(embeddings):
         return huggingface_call(t, embeddings)
-    raise CannotLower(f"the store's embeddings {type(embeddings).__name__} do not run on a Teola engine "
+    raise NotLowerable(f"the store's embeddings {type(embeddings).__name__} do not run on a Teola engine "
                       "(TeolaEmbeddings and HuggingFaceEmbeddings of the embedder's model do)")
 
 
@@ -63,13 +63,13 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     ``encode_kwargs``."""
     name = type(embeddings).__name__
     if embeddings.multi_process:
-        raise CannotLower(f"{name}(multi_process=True)")
+        raise NotLowerable(f"{name}(multi_process=True)")
     encode_kwargs = getattr(embeddings, "query_encode_kwargs", None) or embeddings.encode_kwargs
     extra = sorted(set(encode_kwargs) - {"normalize_embeddings", "batch_size", "show_progress_bar"})
     if extra:
-        raise CannotLower(f"{name} encode_kwargs {extra} change how it encodes")
+        raise NotLowerable(f"{name} encode_kwargs {extra} change how it encodes")
     if set(embeddings.model_kwargs) - {"device"} or str(embeddings.model_kwargs.get("device", "cpu")) != "cpu":
-        raise CannotLower(f"{name} model_kwargs {sorted(embeddings.model_kwargs)} load it unlike the engine")
+        raise NotLowerable(f"{name} model_kwargs {sorted(embeddings.model_kwargs)} load it unlike the engine")
     client = getattr(embeddings, "_client", None) or getattr(embeddings, "client", None)
     engine, why = embedder_serving(t.planner.engine_specs(), name, embeddings.model_name,
                                    normalize=bool(encode_kwargs.get("normalize_embeddings", False)),
@@ -77,23 +77,23 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
                                    truncate_dim=getattr(client, "truncate_dim", None),
                                    max_length=getattr(client, "max_seq_length", None))
     if engine is None:
-        raise CannotLower(why)
+        raise NotLowerable(why)
     return EmbeddingCall(engine, _newlines_to_spaces)
 
 
 def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
-    """How ``retriever``'s query embedding runs; CannotLower unless ``retriever`` is a
+    """How ``retriever``'s query embedding runs; NotLowerable unless ``retriever`` is a
     similarity search we can reproduce."""
     if not isinstance(retriever, VectorStoreRetriever):
-        raise CannotLower(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
+        raise NotLowerable(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
     if retriever.search_type != "similarity":
-        raise CannotLower(f"search_type {retriever.search_type!r} (only 'similarity' is lowered)")
+        raise NotLowerable(f"search_type {retriever.search_type!r} (only 'similarity' is lowered)")
     extra = sorted(set(retriever.search_kwargs) - {"k"})
     if extra:
-        raise CannotLower(f"search_kwargs {extra} (only 'k' is lowered)")
+        raise NotLowerable(f"search_kwargs {extra} (only 'k' is lowered)")
     store = retriever.vectorstore
     if type(store) not in searchable_stores():
-        raise CannotLower(f"vector store {type(store).__name__} (lowered: InMemoryVectorStore, Chroma)")
+        raise NotLowerable(f"vector store {type(store).__name__} (lowered: InMemoryVectorStore, Chroma)")
     return embedding_call(t, store_embeddings(store))
 
 

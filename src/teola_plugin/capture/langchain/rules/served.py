@@ -27,7 +27,7 @@ from typing import Any
 
 from ...served_models import DEFAULT_MAX_TOKENS, UnreproducibleClient, installed_classes, server_endpoint
 from ..protocols import LLMCallSpec
-from ..tracer import CannotLower
+from ..tracer import NotLowerable
 
 
 def _completion_classes() -> tuple[type, ...]:
@@ -48,7 +48,7 @@ def _endpoint(model: Any) -> Any:
             max_retries=model.max_retries,
             http_client=getattr(model, "http_async_client", None) or model.http_client)
     except UnreproducibleClient as exc:
-        raise CannotLower(f"{type(model).__name__}: {exc}") from None
+        raise NotLowerable(f"{type(model).__name__}: {exc}") from None
 
 
 def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> LLMCallSpec:
@@ -58,13 +58,13 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> 
         return _completion_call_spec(model, served_engine, stop)
     name = type(model).__name__
     if model.streaming:
-        raise CannotLower(f"{name}(streaming=True) sends streaming requests (its own code runs)")
+        raise NotLowerable(f"{name}(streaming=True) sends streaming requests (its own code runs)")
     if (model.n or 1) != 1:
-        raise CannotLower(f"{name} with n={model.n} (one completion per call is lowered)")
+        raise NotLowerable(f"{name} with n={model.n} (one completion per call is lowered)")
     if model.include_response_headers:
-        raise CannotLower(f"{name}(include_response_headers=True): the headers are its client's")
+        raise NotLowerable(f"{name}(include_response_headers=True): the headers are its client's")
     if model._use_responses_api({}):
-        raise CannotLower(f"{name} uses the Responses API")
+        raise NotLowerable(f"{name} uses the Responses API")
     endpoint = _endpoint(model)
 
     def to_engine_prompt(input: Any) -> dict[str, Any]:
@@ -113,11 +113,11 @@ def raise_as_chat_openai(exc: BaseException) -> None:
 def _completion_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> LLMCallSpec:
     name = type(model).__name__
     if model.streaming:
-        raise CannotLower(f"{name}(streaming=True) sends streaming requests (its own code runs)")
+        raise NotLowerable(f"{name}(streaming=True) sends streaming requests (its own code runs)")
     if (model.n or 1) != 1 or (model.best_of or 1) != 1:
-        raise CannotLower(f"{name} with n / best_of other than one completion per call")
+        raise NotLowerable(f"{name} with n / best_of other than one completion per call")
     if model.max_tokens == -1:
-        raise CannotLower(f"{name}(max_tokens=-1) counts the prompt with tiktoken (its own code runs)")
+        raise NotLowerable(f"{name}(max_tokens=-1) counts the prompt with tiktoken (its own code runs)")
     endpoint = _endpoint(model)
 
     def params() -> dict[str, Any]:
