@@ -180,7 +180,8 @@ def test_a_tool_calling_graph_gets_the_same_tool_calls_and_messages(recording_pr
     fast = TeolaRunnable(graph, runtime=served_runtime).invoke(question)
     assert shape(fast) == shape(plain)
     assert fast["messages"][1].tool_calls[0]["name"] == "population"
-    assert fast["messages"][2].type == "tool" and fast["messages"][2].tool_call_id == fast["messages"][1].tool_calls[0]["id"]
+    call, result = fast["messages"][1].tool_calls[0], fast["messages"][2]
+    assert result.type == "tool" and result.tool_call_id == call["id"]
     assert relayed(served_runtime) - before == 2
     sent = [body for _, body in recording_proxy.take()]
     assert sent[0]["tool_choice"] == "required" and sent[0]["tools"][0]["function"]["name"] == "population"

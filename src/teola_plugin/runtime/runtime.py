@@ -171,13 +171,17 @@ class Runtime:
         threading.Thread(target=start, name="teola-start", daemon=True).start()
         return done
 
+    def in_loop_thread(self) -> bool:
+        """Is the caller the runtime loop's own thread (where blocking on the loop would hang)?"""
+        return threading.current_thread() is self._thread
+
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())  # type: ignore[arg-type]
 
     def run_sync(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         """Run a coroutine on the runtime loop from synchronous code; cancels it on timeout."""
         self._ensure_loop()
-        if threading.current_thread() is self._thread:
+        if self.in_loop_thread():
             raise RuntimeError("run_sync called from the runtime loop itself; await the coroutine instead")
         future = self.submit(coro)
         try:

@@ -2,8 +2,8 @@
 served engines (``scope.py``: when; ``openai_sdk.py``: how)."""
 
 from .openai_sdk import install, uninstall
-from .scope import (EXPLAIN_ROUTED, ServedCallScope, current_scope, routed_aiterate, routed_iterate, routing_served_calls,
-                    set_fallback)
+from .scope import (EXPLAIN_ROUTED, ServedCallScope, current_scope, routed_aiterate, routed_iterate,
+                    routing_served_calls, set_fallback)
 
 __all__ = ["EXPLAIN_ROUTED", "ServedCallScope", "current_scope", "install", "routed_aiterate", "routed_iterate",
            "routing_served_calls", "set_fallback", "uninstall"]

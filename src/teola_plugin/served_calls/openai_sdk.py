@@ -25,7 +25,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -162,15 +161,11 @@ class RelayedAsyncStream:
         await self.close()
 
 
-def _on_runtime_thread(scope: ServedCallScope) -> bool:
-    return threading.current_thread() is getattr(scope.runtime, "_thread", None)
-
-
 def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create(self: Any, *args: Any, **request: Any) -> Any:
         route = _route(self, args, request)
-        if route is None or _on_runtime_thread(route[0]):
+        if route is None or route[0].runtime.in_loop_thread():
             return original(self, *args, **request)
         scope, engine = route
         if request.get("stream"):

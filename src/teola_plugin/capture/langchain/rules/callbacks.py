@@ -69,7 +69,8 @@ class CallRun:
         if not self.streaming:
             return
         if self.chat:
-            chunk: Any = ChatGenerationChunk(message=AIMessageChunk(content=text, id=f"{LC_ID_PREFIX}-{self.run.run_id}"))
+            message = AIMessageChunk(content=text, id=f"{LC_ID_PREFIX}-{self.run.run_id}")  # invoke's id
+            chunk: Any = ChatGenerationChunk(message=message)
         else:
             chunk = GenerationChunk(text=text)
         previous = self._last
