@@ -15,8 +15,8 @@ framework's code, callbacks and events are plain's, and the server sees the same
 
 Left to the client itself (run as plain): a client Teola would not reproduce (its own
 ``http_client``, a timeout with several parts: ``served_models.client_endpoint``), the
-engine's own client, ``with_streaming_response``, positional arguments, a sync call made on
-the runtime's own loop thread.
+engine's own client, ``with_streaming_response`` and raw streams, positional arguments, a
+sync call made on the runtime's own loop thread.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _route(resource: Any, args: tuple[Any, ...], request: Mapping[str, Any]) -> 
     if scope is None or args or client is None or getattr(client, ENGINE_CLIENT_MARK, False):
         return None
     raw = (request.get("extra_headers") or {}).get(_RAW_HEADER)
-    if raw not in (None, "true"):  # with_streaming_response: the caller reads the HTTP body itself
-        return None
+    if raw is not None and (raw != "true" or request.get("stream")):
+        return None  # with_streaming_response, or a raw stream: the caller reads the HTTP response itself
     try:
         endpoint = client_endpoint(client)
     except UnreproducibleClient as exc:
@@ -74,9 +74,10 @@ def _relayed(scope: ServedCallScope, engine: str, request: Mapping[str, Any]) ->
 
 
 async def _reply(scope: ServedCallScope, engine: str, request: Mapping[str, Any]) -> Any:
-    async for delta in _relayed(scope, engine, request)():
-        if delta.finished:
-            return delta.response
+    async with contextlib.aclosing(_relayed(scope, engine, request)()) as deltas:  # type: ignore[type-var]
+        async for delta in deltas:
+            if delta.finished:
+                return delta.response
     raise RuntimeError(f"engine {engine!r} closed the request without a reply")  # not reached: relay yields one
 
 
