@@ -83,7 +83,7 @@ def iterate_sync(runtime: Runtime, make_stream: Callable[[], AsyncIterator[T]]) 
 async def iterate_async(runtime: Runtime, make_stream: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
     """Like :func:`iterate_sync` for a consumer on another event loop (or the runtime's own)."""
     consumer = asyncio.get_running_loop()
-    if consumer is runtime._ensure_loop():
+    if consumer is runtime.event_loop():
         async for item in make_stream():
             yield item
         return

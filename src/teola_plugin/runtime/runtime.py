@@ -171,6 +171,10 @@ class Runtime:
         threading.Thread(target=start, name="teola-start", daemon=True).start()
         return done
 
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The runtime's event loop (started on first use)."""
+        return self._ensure_loop()
+
     def in_loop_thread(self) -> bool:
         """Is the caller the runtime loop's own thread (where blocking on the loop would hang)?"""
         return threading.current_thread() is self._thread
