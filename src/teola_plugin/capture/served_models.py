@@ -96,9 +96,8 @@ def _client_timeout(timeout: Any) -> float | None:
 def client_endpoint(client: Any) -> ServerEndpoint:
     """The endpoint an ``openai`` SDK client object (``OpenAI`` / ``AsyncOpenAI``, as a framework
     model built it) talks to; raises :class:`UnreproducibleClient` as :func:`server_endpoint`."""
-    if type(client._client) not in installed_classes(*_DEFAULT_HTTP_CLIENTS):
-        raise UnreproducibleClient("it brings its own http_client (transport, proxies or hooks Teola would not use)")
-    return ServerEndpoint(base_url=str(client.base_url).rstrip("/"), api_key=_secret(client.api_key),
-                          organization=client.organization, default_headers=_pairs(client._custom_headers),
-                          default_query=_pairs(client._custom_query), timeout=_client_timeout(client.timeout),
-                          max_retries=int(client.max_retries))
+    own_http_client = type(client._client) not in installed_classes(*_DEFAULT_HTTP_CLIENTS)
+    return server_endpoint(base_url=client.base_url, api_key=client.api_key, organization=client.organization,
+                           default_headers=client._custom_headers, default_query=client._custom_query,
+                           timeout=_client_timeout(client.timeout), max_retries=client.max_retries,
+                           http_client=client._client if own_http_client else None)

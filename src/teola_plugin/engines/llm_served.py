@@ -20,10 +20,11 @@ naming the server and the request. The reply object comes back with the text
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -155,20 +156,14 @@ class OpenAICompatibleEngine(LLMEngine):
             yield GenerationDelta(rid, generation.text, _completion_tokens(generation.response), True,
                                   generation.finish_reason, generation.response)
             return
-        chunks = await self._create(body, rid)
         produced, received = 0, []
-        try:
-            async for chunk in chunks:
-                received.append(chunk)
-                choice = chunk.choices[0] if chunk.choices else None
-                text = _choice_text(choice) if choice is not None else ""
-                produced += 1 if text else 0
-                reason = getattr(choice, "finish_reason", None) if choice is not None else None
-                if text or reason:
-                    yield GenerationDelta(rid, text, produced, False, reason)
-            yield GenerationDelta(rid, "", produced, True, None, tuple(received))
-        finally:
-            await chunks.close()
+        async with contextlib.aclosing(_chunk_deltas(rid, await self._create(body, rid))) as deltas:
+            async for delta in deltas:
+                received.append(delta.response)
+                produced = delta.num_generated_tokens
+                if delta.text or delta.finish_reason:
+                    yield replace(delta, response=None)
+        yield GenerationDelta(rid, "", produced, True, None, tuple(received))
 
     async def relay(self, request: Mapping[str, Any], request_id: str | None = None) -> AsyncIterator[GenerationDelta]:
         """A request framework code made through its own SDK client (``served_calls``), sent
@@ -184,16 +179,11 @@ class OpenAICompatibleEngine(LLMEngine):
             yield GenerationDelta(rid, "", _completion_tokens(reply), True, None, reply)
             return
         produced = 0
-        try:
-            async for chunk in reply:
-                choice = chunk.choices[0] if chunk.choices else None
-                text = _choice_text(choice) if choice is not None else ""
-                produced += 1 if text else 0
-                yield GenerationDelta(rid, text, produced, False,
-                                      getattr(choice, "finish_reason", None) if choice is not None else None, chunk)
-            yield GenerationDelta(rid, "", produced, True)
-        finally:
-            await reply.close()
+        async with contextlib.aclosing(_chunk_deltas(rid, reply)) as deltas:
+            async for delta in deltas:
+                produced = delta.num_generated_tokens
+                yield delta
+        yield GenerationDelta(rid, "", produced, True)
 
     async def prefill(self, prompt: Any, request_id: str | None = None) -> PrefillResult:
         """The prompt with one token to generate: the server's prefix cache keeps it."""
@@ -206,6 +196,22 @@ class OpenAICompatibleEngine(LLMEngine):
     async def abort(self, request_id: str) -> None:
         """Requests stop when their HTTP stream closes (the engine server closes it)."""
         return None
+
+
+async def _chunk_deltas(request_id: str, chunks: Any) -> AsyncIterator[GenerationDelta]:
+    """One unfinished delta per chunk of a streamed reply (``response``: the chunk; the count
+    of chunks with text so far); the HTTP stream is closed however this ends, which aborts
+    the request on the server."""
+    produced = 0
+    try:
+        async for chunk in chunks:
+            choice = chunk.choices[0] if chunk.choices else None
+            text = _choice_text(choice) if choice is not None else ""
+            produced += 1 if text else 0
+            reason = getattr(choice, "finish_reason", None) if choice is not None else None
+            yield GenerationDelta(request_id, text, produced, False, reason, chunk)
+    finally:
+        await chunks.close()
 
 
 def _choice_text(choice: Any) -> str:

@@ -78,7 +78,7 @@ class _EngineModel(BaseModel):
         return generation
 
     def _texts(self, prompt: Any, params: dict[str, Any]) -> Any:
-        """The engine stream's token texts (a coroutine-free factory for the bridge)."""
+        """A factory of the engine stream's token texts (what the bridge iterates)."""
         async def texts() -> AsyncIterator[str]:
             async for delta in engine_stream(self.teola_runtime(), self.engine, "stream",
                                              {"prompt": prompt, "params": params}):

@@ -56,20 +56,22 @@ async def engine_stream(runtime: Runtime, engine: str, method: str, kwargs: Mapp
             await pool.close_stream(opened.sid)
 
 
+async def _pump(make_stream: Callable[[], AsyncIterator[Any]], put: Callable[[Any], None]) -> None:
+    """``make_stream()``'s items into ``put`` (on the runtime loop), then its failure if any
+    (raised at the consumer), then the end mark."""
+    try:
+        async for item in make_stream():
+            put(item)
+    except BaseException as exc:  # handed to the consumer, raised there
+        put(_Failure(exc))
+    finally:
+        put(_DONE)
+
+
 def iterate_sync(runtime: Runtime, make_stream: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
     """Items of ``make_stream()`` (run on the runtime loop) in the calling thread, as they come."""
     items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    async def produce() -> None:
-        try:
-            async for item in make_stream():
-                items.put(item)
-        except BaseException as exc:  # handed to the consumer, raised there
-            items.put(_Failure(exc))
-        finally:
-            items.put(_DONE)
-
-    future = runtime.submit(produce())
+    future = runtime.submit(_pump(make_stream, items.put))
     try:
         while (item := items.get()) is not _DONE:
             if isinstance(item, _Failure):
@@ -89,17 +91,7 @@ async def iterate_async(runtime: Runtime, make_stream: Callable[[], AsyncIterato
         return
     items: asyncio.Queue[Any] = asyncio.Queue()
     put = lambda item: consumer.call_soon_threadsafe(items.put_nowait, item)  # noqa: E731
-
-    async def produce() -> None:
-        try:
-            async for item in make_stream():
-                put(item)
-        except BaseException as exc:
-            put(_Failure(exc))
-        finally:
-            put(_DONE)
-
-    future = runtime.submit(produce())
+    future = runtime.submit(_pump(make_stream, put))
     try:
         while (item := await items.get()) is not _DONE:
             if isinstance(item, _Failure):

@@ -22,8 +22,7 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
-from langchain_core.messages import AIMessage, convert_to_messages
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
 from langchain_core.runnables.config import ensure_config
@@ -48,11 +47,15 @@ def _callback_manager(model: Any, stop: list[str] | None) -> CallbackManager | N
                                      getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
 
 
-def streams_llm_calls() -> bool:
-    """A handler of the caller's config streams (``astream_events`` / ``astream_log``): plain's
+def _streaming(manager: CallbackManager) -> bool:
+    """One of ``manager``'s handlers streams (``astream_events`` / ``astream_log``): plain's
     models would send streaming requests and report every token."""
-    handlers = CallbackManager.configure(ensure_config().get("callbacks")).handlers
-    return any(isinstance(h, _StreamingCallbackHandler) for h in handlers)
+    return any(isinstance(h, _StreamingCallbackHandler) for h in manager.handlers)
+
+
+def streams_llm_calls() -> bool:
+    """A handler of the caller's config streams (see :func:`_streaming`)."""
+    return _streaming(CallbackManager.configure(ensure_config().get("callbacks")))
 
 
 class CallRun:
@@ -125,7 +128,7 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
                 text = prompt["prompt"][0] if isinstance(prompt, Mapping) else prompt  # a served body's
                 (run,) = manager.on_llm_start(serialized, [text], invocation_params=params,
                                               options=options, batch_size=1)
-            return CallRun(run, chat, any(isinstance(h, _StreamingCallbackHandler) for h in manager.handlers))
+            return CallRun(run, chat, _streaming(manager))
 
         return await in_framework_thread(start)
 
