@@ -4,7 +4,7 @@ PY      ?= python3.11
 VENV    ?= .venv
 export TEOLA_VENV := $(VENV)
 
-.PHONY: demo test setup bench clean-venv
+.PHONY: demo test setup bench fidelity clean-venv
 setup:
 	@PY=$(PY) bash scripts/setup_env.sh
 
@@ -21,3 +21,7 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# langchain-core's own runnable tests, plain and wrapped in TeolaRunnable (docs/fidelity.md).
+fidelity: setup
+	@. scripts/runtime_env.sh && $(VENV)/bin/python scripts/fidelity.py

@@ -22,31 +22,35 @@ RUNNABLE_METHODS = frozenset({
 })
 WRAP = "_teola_wrap"
 
+# Imported with the test module, as an app imports it: not inside a test's event loop.
 PRELUDE = f'''
+from langchain_core.runnables import Runnable as _TeolaRunnableBase
+from teola_plugin.langchain import TeolaRunnable as _TeolaRunnable
+
 _TEOLA_WRAPPED = {{}}
+_TEOLA_OPTIONS = {{OPTIONS}}
 
 
 def {WRAP}(obj):
     """(fidelity harness) ``obj`` as a TeolaRunnable when it is a Runnable."""
-    from langchain_core.runnables import Runnable
-    from teola_plugin.langchain import TeolaRunnable
-
-    if not isinstance(obj, Runnable) or isinstance(obj, TeolaRunnable):
+    if not isinstance(obj, _TeolaRunnableBase) or isinstance(obj, _TeolaRunnable):
         return obj
     kept = _TEOLA_WRAPPED.get(id(obj))
     if kept is None or kept[0] is not obj:  # ids are reused once an object is gone; keep it
-        kept = _TEOLA_WRAPPED[id(obj)] = (obj, TeolaRunnable(obj))
+        kept = _TEOLA_WRAPPED[id(obj)] = (obj, _TeolaRunnable(obj, **_TEOLA_OPTIONS))
     return kept[1]
 '''
 
 
-class _WrapCallSites(ast.NodeTransformer):
+class _CallSites(ast.NodeVisitor):
+    """The receivers ``X`` of the runnable-method calls ``X.invoke(...)`` a test makes."""
+
     def __init__(self) -> None:
         self.in_test = False
         self.depth = 0  # definitions entered
-        self.rewritten = 0
+        self.receivers: list[ast.expr] = []
 
-    def _scope(self, node: ast.AST) -> ast.AST:
+    def _scope(self, node: ast.AST) -> None:
         """A module-level test function's body is the test; anything it defines is not."""
         outer = self.in_test
         self.in_test = (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not outer
@@ -55,36 +59,40 @@ class _WrapCallSites(ast.NodeTransformer):
         self.generic_visit(node)
         self.depth -= 1
         self.in_test = outer
-        return node
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _scope  # noqa: N815
 
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
+    def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if (self.in_test and isinstance(func, ast.Attribute) and func.attr in RUNNABLE_METHODS
                 and not _is_super(func.value)):
-            func.value = ast.Call(func=ast.Name(WRAP, ast.Load()), args=[func.value], keywords=[])
-            self.rewritten += 1
-        return node
+            self.receivers.append(func.value)
+        self.generic_visit(node)
 
 
 def _is_super(node: ast.expr) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
-def rewrite(source: str) -> tuple[str, int]:
-    """``(rewritten source, number of call sites wrapped)``."""
+def rewrite(source: str, options: dict | None = None) -> tuple[str, int]:
+    """``(rewritten source, number of call sites wrapped)``; ``options`` are TeolaRunnable's
+    keyword arguments. Edits are made in place in the text (the rest of the file keeps its
+    layout: LangChain reads lambdas' source lines)."""
     tree = ast.parse(source)
-    sites = _WrapCallSites()
-    tree = sites.visit(tree)
-    body = tree.body
-    after = 0  # after the docstring and ``from __future__`` imports
+    sites = _CallSites()
+    sites.visit(tree)
+    lines = [line.encode() for line in source.splitlines(keepends=True)]
+    edits = [(n.lineno, n.col_offset, f"{WRAP}(") for n in sites.receivers]
+    edits += [(n.end_lineno, n.end_col_offset, ")") for n in sites.receivers]
+    for lineno, col, text in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):  # byte offsets
+        line = lines[lineno - 1]
+        lines[lineno - 1] = line[:col] + text.encode() + line[col:]
+    body, after = tree.body, 0  # the prelude goes after the docstring and ``from __future__``
     while after < len(body) and (_is_docstring(body[after]) or _is_future(body[after])):
         after += 1
-    tree.body = body[:after] + ast.parse(PRELUDE).body + body[after:]
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", sites.rewritten
-
+    at = body[after - 1].end_lineno if after else 0
+    lines.insert(at, PRELUDE.replace("{OPTIONS}", repr(dict(options or {}))).encode())
+    return b"".join(lines).decode(), len(sites.receivers)
 
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)

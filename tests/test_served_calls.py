@@ -136,7 +136,7 @@ def test_a_graph_wrapped_whole_streams_batches_and_reports_events_as_plain(recor
     graph = fan_out_graph(chat_openai(recording_proxy.base_url, max_tokens=6))
     state = {"topics": ["rain", "Paris"], "answers": []}
     fast = TeolaRunnable(graph, runtime=served_runtime)
-    assert fast._plan(state).trace.runs_as_is
+    assert not fast._plan(state).uses_engines
 
     def updates(chunks) -> list:  # per node, each answer reduced to having text (branches run at once)
         return sorted((node, [bool(a) for a in update["answers"]]) for c in chunks for node, update in c.items())

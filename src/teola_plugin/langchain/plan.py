@@ -30,14 +30,20 @@ from .vector_store import FrameworkVectorStoreEngine
 class ExecutionPlan:
     trace: LangChainTrace
     graph: PGraph  # optimized
+    uses_engines: bool = True
+    """Whether a run puts work on an engine (a lowered model, embedding, search, or a
+    ``RunnableBranch`` / ``.map()`` into a sub-chain that has one). A chain that does not
+    gains nothing from the graph run: ``TeolaRunnable`` runs it as it is (its model-server
+    calls still go through the served engines)."""
 
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
               disabled: Iterable[str] = (), runtime: Runtime | None = None,
-              cost_model: Any = None) -> ExecutionPlan:
+              cost_model: Any = None, sub_plans: SubPlans | None = None) -> ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
         cost = cost_model or (runtime.cost_model() if runtime is not None else None)
-        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost))
+        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost),
+                   _uses_engines(trace.graph, sub_plans))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
         return self.trace.feed(input)
@@ -78,6 +84,15 @@ class ExecutionPlan:
         return "\n".join(lines) + "\n"
 
 
+def _uses_engines(graph: PGraph, sub_plans: SubPlans | None) -> bool:
+    for prim in graph.nodes:
+        if prim.kind != "cpu":
+            return True
+        if any(sub_plans is None or sub_plans.uses_engines(r) for r in prim.attrs.get("expands_into", ())):
+            return True
+    return False
+
+
 class SubPlans:
     """Plans for sub-chains met at run time, on one runtime, with the parent's optimizer settings."""
 
@@ -98,12 +113,20 @@ class SubPlans:
             if known is not None:
                 return known[1]
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
-        plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime, self.cost_model)
+        plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime, self.cost_model, self)
         with self._lock:
             self._plans[key] = (runnable, plan)  # the runnable is kept alive with its id
             while len(self._plans) > self.MAX_PLANS:
                 self._plans.popitem(last=False)
         return plan
+
+    def uses_engines(self, runnable: Any) -> bool:
+        """Whether ``runnable`` (a sub-chain met at run time) may put work on an engine,
+        judged on the layout its input schema describes; when it cannot be traced, yes."""
+        try:
+            return self.plan(runnable, InputLayout.example(runnable)).uses_engines
+        except Exception:  # noqa: BLE001 - its run traces it again and reports what fails
+            return True
 
     def engine_specs(self) -> Mapping[str, Any]:
         return self.runtime.specs

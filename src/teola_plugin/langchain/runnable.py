@@ -15,6 +15,7 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
@@ -89,7 +90,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             if plan is None:
                 sub = self._sub_planner()
                 trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
-                plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime(), self.cost_model)
+                plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime(), self.cost_model,
+                                           sub)
                 self._plans[layout] = plan
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)
@@ -102,20 +104,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             self._sub_plans = SubPlans(runtime, served_models(runtime), self.passes, self.disabled, self.cost_model)
         return self._sub_plans
 
-    def _example_layout(self) -> InputLayout:
-        """The input layout the chain's input schema describes (for trace / explain / graphs)."""
-        try:
-            schema = self.chain.get_input_jsonschema()
-        except Exception:  # noqa: BLE001 - pydantic cannot describe every schema (``typing.TypedDict``
-            # state on Python < 3.12); plain ``get_graph`` never asks, so neither may inspection
-            return InputLayout(None, frozenset())
-        props = schema.get("properties") if schema.get("type") == "object" else None
-        if props:
-            return InputLayout(tuple(props), frozenset(k for k, p in props.items() if p.get("type") == "string"))
-        return InputLayout(None, frozenset({"input"}) if schema.get("type") == "string" else frozenset())
-
     def _plan_for_inspection(self, input: Any | None) -> ExecutionPlan:
-        return self._plan(input) if input is not None else self._plan_for(self._example_layout())
+        return self._plan(input) if input is not None else self._plan_for(InputLayout.example(self.chain))
 
     def start(self) -> Any:
         """Start Ray and the engines this chain's graph uses now, in the background, so that
@@ -137,7 +127,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.); a
         chain that runs as it is (a LangGraph graph) draws its own graph, as plain."""
         plan = self._plan_for_inspection(None)
-        if plan.trace.runs_as_is and self.timeout_s is None:
+        if not plan.uses_engines and self.timeout_s is None:
             return self.chain.get_graph(config)
         return to_langchain_graph(plan.graph)
 
@@ -182,16 +172,32 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     # Call-time keyword arguments (``.bind(stop=...)`` on the wrapper, LangGraph's
     # ``stream_mode``) go to the chain's first step in plain LangChain; the plan has no place
     # for them, so such a call runs the chain itself, unchanged (its model-server calls still
-    # go through the served engines), as does a chain that is one opaque step.
+    # go through the served engines), as does a chain that puts no work on an engine.
     def _runs_as_is(self, input: Any) -> bool:
-        """The chain is one opaque step (a LangGraph graph, an agent): it runs as it is, with
-        its own run tree, streams and batch, and its model-server calls on the served
-        engines. Not with ``timeout_s``, which only a graph run enforces."""
+        """Nothing of the chain runs on an engine (a LangGraph graph, an agent, a chain of
+        functions and models Teola does not serve): it runs as it is, with its own run tree,
+        streams, config and batch, and its model-server calls on the served engines. Not with
+        ``timeout_s``, which only a graph run enforces."""
         if self.timeout_s is not None:
             return False
         try:
-            return self._plan(input).trace.runs_as_is
+            return not self._plan(input).uses_engines
         except Exception:  # noqa: BLE001 - the graph run reports it, as for any input
+            return False
+
+    async def _aruns_as_is(self, input: Any) -> bool:
+        """``_runs_as_is`` without tracing on the caller's event loop (tracing imports and
+        inspects code: blocking work)."""
+        if self.timeout_s is None and InputLayout.of(input) not in self._plans:
+            await asyncio.to_thread(self._runs_as_is, input)
+        return self._runs_as_is(input)
+
+    def _streams_as_is(self) -> bool:
+        """For calls whose input arrives as a stream (``transform``): judged on the layout the
+        chain's input schema describes, before the first chunk."""
+        try:
+            return self.timeout_s is None and not self._plan_for(InputLayout.example(self.chain)).uses_engines
+        except Exception:  # noqa: BLE001 - as _runs_as_is
             return False
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
@@ -201,7 +207,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if kwargs or self._runs_as_is(input):
+        if kwargs or await self._aruns_as_is(input):
             with routing_served_calls(self.teola_runtime()):
                 return await self.chain.ainvoke(input, config, **kwargs)
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
@@ -249,6 +255,35 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         with ContextThreadPoolExecutor(max_workers=min(len(inputs), MAX_BATCH_THREADS)) as pool:
             return list(pool.map(one, inputs, configs))
 
+    async def abatch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
+                     *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """All queries at once (``ainvoke`` each), so the engines batch across them; a chain
+        that runs as it is runs its own ``abatch``."""
+        if inputs and await self._aruns_as_is(inputs[0]):
+            with routing_served_calls(self.teola_runtime()):
+                return await self.chain.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    def batch_as_completed(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None,
+                           *, return_exceptions: bool = False, **kwargs: Any) -> Iterator[tuple[int, Any]]:
+        if inputs and self._runs_as_is(inputs[0]):
+            items = self.chain.batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
+            yield from routed_iterate(self.teola_runtime(), items)
+            return
+        yield from super().batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    async def abatch_as_completed(self, inputs: Sequence[Any],
+                                  config: RunnableConfig | Sequence[RunnableConfig] | None = None,
+                                  *, return_exceptions: bool = False, **kwargs: Any) -> AsyncIterator[tuple[int, Any]]:
+        if inputs and await self._aruns_as_is(inputs[0]):
+            items = routed_aiterate(self.teola_runtime(), self.chain.abatch_as_completed(
+                inputs, config, return_exceptions=return_exceptions, **kwargs))
+        else:
+            items = super().abatch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        async with aclosing(items):  # closing this stream closes the chain's at once
+            async for item in items:
+                yield item
+
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         if kwargs or self._runs_as_is(input):
@@ -259,9 +294,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     async def astream(self, input: Any, config: RunnableConfig | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
-        if kwargs or self._runs_as_is(input):
-            async for chunk in routed_aiterate(self.teola_runtime(), self.chain.astream(input, config, **kwargs)):
-                yield chunk
+        if kwargs or await self._aruns_as_is(input):
+            chunks = routed_aiterate(self.teola_runtime(), self.chain.astream(input, config, **kwargs))
+            async with aclosing(chunks):  # closing this stream closes the chain's at once
+                async for chunk in chunks:
+                    yield chunk
             return
 
         async def single() -> AsyncIterator[Any]:
@@ -270,6 +307,47 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         async for chunk in self._atransform_stream_with_config(single(), self._astream_chunks,
                                                                self._bound_config(config)):
             yield chunk
+
+    def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        """A chain that runs as it is consumes its input stream itself (a passthrough streams
+        chunks as they come); otherwise the input is gathered and the call streamed, as
+        LangChain does for a runnable without its own ``transform``."""
+        if self._streams_as_is():
+            yield from routed_iterate(self.teola_runtime(), self.chain.transform(input, config, **kwargs))
+            return
+        yield from super().transform(input, config, **kwargs)
+
+    async def atransform(self, input: AsyncIterator[Any], config: RunnableConfig | None = None,
+                         **kwargs: Any) -> AsyncIterator[Any]:
+        if await asyncio.to_thread(self._streams_as_is):
+            items = routed_aiterate(self.teola_runtime(), self.chain.atransform(input, config, **kwargs))
+        else:
+            items = super().atransform(input, config, **kwargs)
+        async with aclosing(items):  # closing this stream closes the chain's at once
+            async for chunk in items:
+                yield chunk
+
+    # The event and log streams of a chain that runs as it is are its own (same runs, same
+    # names); otherwise LangChain builds them from this runnable's ``astream``.
+    async def astream_events(self, input: Any, config: RunnableConfig | None = None,
+                             **kwargs: Any) -> AsyncIterator[Any]:
+        if await self._aruns_as_is(input):
+            events = routed_aiterate(self.teola_runtime(), self.chain.astream_events(input, config, **kwargs))
+        else:
+            events = super().astream_events(input, config, **kwargs)
+        async with aclosing(events):  # closing this stream closes the chain's at once
+            async for event in events:
+                yield event
+
+    async def astream_log(self, input: Any, config: RunnableConfig | None = None,
+                          **kwargs: Any) -> AsyncIterator[Any]:
+        if await self._aruns_as_is(input):
+            patches = routed_aiterate(self.teola_runtime(), self.chain.astream_log(input, config, **kwargs))
+        else:
+            patches = super().astream_log(input, config, **kwargs)
+        async with aclosing(patches):  # closing this stream closes the chain's at once
+            async for patch in patches:
+                yield patch
 
     def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[Any]:
         input = _last(inputs)

@@ -86,6 +86,19 @@ class InputLayout:
             return cls(tuple(value), frozenset(k for k, v in value.items() if isinstance(v, str)))
         return cls(None, frozenset({"input"}) if isinstance(value, str) else frozenset())
 
+    @classmethod
+    def example(cls, runnable: Any) -> InputLayout:
+        """The layout ``runnable``'s input schema describes (for inspection before any call)."""
+        try:
+            schema = runnable.get_input_jsonschema()
+        except Exception:  # noqa: BLE001 - pydantic cannot describe every schema (``typing.TypedDict``
+            # state on Python < 3.12); plain ``get_graph`` never asks, so neither may inspection
+            return cls(None, frozenset())
+        props = schema.get("properties") if schema.get("type") == "object" else None
+        if props:
+            return cls(tuple(props), frozenset(k for k, p in props.items() if p.get("type") == "string"))
+        return cls(None, frozenset({"input"}) if schema.get("type") == "string" else frozenset())
+
     def feed(self, value: Any) -> dict[str, Any]:
         return dict(value) if self.keys is not None else {"input": value}
 
@@ -123,13 +136,6 @@ class LangChainTrace:
     output: OutputShape
     stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
     opaque: list[OpaqueComponent] = field(default_factory=list)
-
-    @property
-    def runs_as_is(self) -> bool:
-        """The chain as a whole stays opaque (a LangGraph graph, an agent, a runnable without a
-        rule): one opaque call produces the output, and the rest is CPU glue (the inputs' dict)."""
-        return (len(self.opaque) == 1 and self.graph.outputs["output"].node == self.opaque[0].node
-                and all(p.kind == "cpu" for p in self.graph.nodes))
 
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""

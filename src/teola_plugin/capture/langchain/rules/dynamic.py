@@ -79,7 +79,7 @@ def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Valu
         return await expand_each(planner, bound, list(input), origin)
 
     prim = t.add(Op.OPAQUE, name="each", inputs={"input": ref}, outputs=[OUT], origin=origin,
-                 attrs={"fn": run_each, "expands": "one sub-graph per element"})
+                 attrs={"fn": run_each, "expands": "one sub-graph per element", "expands_into": (bound,)})
     return Traced(prim.out(OUT))
 
 
@@ -101,7 +101,8 @@ def _lower_pipelined_each(t: LangChainTracer, each: RunnableEachBase, value: Tra
     # Not after the frontier: a region node waits for nothing but its item.
     per_line = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("each_line"), inputs={"items": items},
                            outputs=[OUT], origin=origin,
-                           attrs={"fn": run_line, "stream_from": decode, "item_outputs": (OUT,)})
+                           attrs={"fn": run_line, "stream_from": decode, "item_outputs": (OUT,),
+                                  "expands_into": (bound,)})
 
     async def finish(answers: list[Any], items: list[str], elements: list[str]) -> Any:
         if list(elements) == list(items):
@@ -130,6 +131,7 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
         return Expansion(sub, feed, token_nodes=frozenset({tokens}) if tokens else frozenset())  # str deltas only
 
     prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
-                 attrs={"fn": run_branch, "expands": "the chosen branch"})
+                 attrs={"fn": run_branch, "expands": "the chosen branch",
+                        "expands_into": (*(runnable for _, runnable in cases), default)})
     # The chosen branch's final decode streams when this node's output is what streams.
     return Traced(prim.out(RESULT), tokens_from=prim.name)
