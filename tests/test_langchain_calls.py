@@ -90,7 +90,8 @@ def test_blocking_framework_code_runs_on_the_framework_threads_not_the_engines_p
     """The loop's default pool serves in-process engines; an opaque step waiting on one of
     them must not hold a thread of that pool (with enough in flight, nothing would move)."""
     chain = RunnableLambda(lambda x: x) | RunnableLambda(lambda x: threading.current_thread().name)
-    assert TeolaRunnable(chain, runtime=runtime).invoke("q").startswith("teola-framework")
+    graph_run = TeolaRunnable(chain, runtime=runtime, timeout_s=60)  # else nothing on an engine: runs as it is
+    assert graph_run.invoke("q").startswith("teola-framework")
 
 
 def test_async_steps_run_on_the_callers_loop(runtime):

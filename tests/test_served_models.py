@@ -368,6 +368,54 @@ def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_pro
     assert heard[0].tokens == heard[1].tokens == 0
 
 
+def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(recording_proxy, runtime):
+    """A lowered call followed by parsers and generators (partial JSON, a generator of
+    words): the stream is plain's chunk for chunk, sync and async, the tail's steps each a
+    child run of the chain as in plain; ``invoke`` still runs the whole chain as one graph."""
+    from langchain_core.output_parsers import JsonOutputParser, StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableGenerator
+    from langchain_core.tracers.context import collect_runs
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=40, seed=0, model_kwargs={"response_format": {"type": "json_object"}})  # JSON by construction
+    prompt = ChatPromptTemplate.from_template("Write a JSON object with the keys name and city for {who}.")
+
+    def upper_words(chunks):
+        pending = ""
+        for chunk in chunks:
+            pending += chunk
+            *words, pending = pending.split(" ")
+            yield from (w.upper() for w in words if w)
+        if pending:
+            yield pending.upper()
+
+    json_chain = prompt | llm | JsonOutputParser()
+    words_chain = prompt | llm | StrOutputParser() | RunnableGenerator(upper_words)
+    question = {"who": "Ada Lovelace"}
+    for chain in (json_chain, words_chain):
+        fast = TeolaRunnable(chain, runtime=runtime)
+        with collect_runs() as plain_runs:
+            plain = list(chain.stream(question))
+        with collect_runs() as runs:
+            got = list(fast.stream(question))
+        assert got == plain and len(plain) > 3
+        tail_runs = lambda collected: [(r.name, r.tags) for r in collected.traced_runs[0].child_runs  # noqa: E731
+                                       if r.name in {"JsonOutputParser", "StrOutputParser", "upper_words"}]
+        assert tail_runs(runs) == tail_runs(plain_runs) != []
+
+    async def astream(runnable) -> list:
+        return [chunk async for chunk in runnable.astream(question)]
+
+    fast = TeolaRunnable(json_chain, runtime=runtime)
+    assert asyncio.run(astream(fast)) == asyncio.run(astream(json_chain))
+    assert fast.invoke(question) == json_chain.invoke(question)
+    assert fast._plan(question).trace.opaque == []  # the parser is lowered: invoke is one graph
+
+
 def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):
     from langchain_community.llms.vllm import VLLMOpenAI
     from langchain_core.callbacks import BaseCallbackHandler

@@ -7,9 +7,25 @@ not scheduled by Teola.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+_PROBING = contextvars.ContextVar("teola_probing_trace", default=False)
+
+
+@contextmanager
+def probing() -> Iterator[None]:
+    """A trace made only to inspect a component (does it use an engine?), not to run it:
+    what stays opaque there is not worth a warning."""
+    token = _PROBING.set(True)
+    try:
+        yield
+    finally:
+        _PROBING.reset(token)
 
 
 class OpaqueWarnings:
@@ -22,6 +38,8 @@ class OpaqueWarnings:
         self._lock = threading.Lock()
 
     def __call__(self, component: Any, reason: str) -> None:
+        if _PROBING.get():
+            return
         kind = type(component)
         with self._lock:
             if kind in self.warned:

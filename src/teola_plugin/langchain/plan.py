@@ -18,6 +18,7 @@ from typing import Any
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..capture.langchain.rules.callbacks import streams_llm_calls
 from ..capture.langchain.tracer import FIELD_OUTPUT, text_tokens
+from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
 from ..ir.graph import PGraph
 from ..optimizer import optimize
@@ -124,7 +125,8 @@ class SubPlans:
         """Whether ``runnable`` (a sub-chain met at run time) may put work on an engine,
         judged on the layout its input schema describes; when it cannot be traced, yes."""
         try:
-            return self.plan(runnable, InputLayout.example(runnable)).uses_engines
+            with probing():
+                return self.plan(runnable, InputLayout.example(runnable)).uses_engines
         except Exception:  # noqa: BLE001 - its run traces it again and reports what fails
             return True
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSerializable
@@ -40,6 +41,7 @@ from ..runtime.bridge import stream_async, stream_sync
 from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
+from .stream_split import StreamSplit
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)
 MAX_BATCH_THREADS = 64  # queries of one batch() in flight at once (one waiting thread each)
@@ -61,6 +63,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     _plans: OrderedDict[InputLayout, ExecutionPlan] = PrivateAttr(default_factory=OrderedDict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _sub_plans: SubPlans | None = PrivateAttr(default=None)
+    _split: tuple[StreamSplit | None] | None = PrivateAttr(default=None)  # None: not looked for yet
+    _head: TeolaRunnable | None = PrivateAttr(default=None)  # runs a StreamSplit's head
 
     def __init__(self, chain: Any, *, runtime: Runtime | None = None, passes: Sequence[str] | None = None,
                  disabled: Sequence[str] = (), **kwargs: Any) -> None:
@@ -349,8 +353,45 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             async for patch in patches:
                 yield patch
 
-    def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[Any]:
+    def _stream_split(self) -> StreamSplit | None:
+        """Where a stream leaves the graph for the chain's own ``transform`` (see
+        ``StreamSplit``); decided once per chain. Not with ``timeout_s``: only a graph run
+        enforces it."""
+        with self._lock:
+            if self._split is None:
+                split = None if self.timeout_s is not None else StreamSplit.of(self.chain, self._sub_planner().uses_engines)
+                self._split = (split,)
+                self._head = None if split is None else TeolaRunnable(
+                    split.head, runtime=self.teola_runtime(), passes=self.passes, disabled=self.disabled,
+                    cost_model=self.cost_model)
+            return self._split[0]
+
+    def _stream_chunks(self, inputs: Iterator[Any], run_manager: CallbackManagerForChainRun,
+                       config: RunnableConfig) -> Iterator[Any]:
         input = _last(inputs)
+        split = self._stream_split()
+        if split is None:
+            yield from self._graph_chunks(input)
+            return
+        yield from routed_iterate(self.teola_runtime(), split.pipe(self._head._graph_chunks(input), config, run_manager))
+
+    async def _astream_chunks(self, inputs: AsyncIterator[Any], run_manager: AsyncCallbackManagerForChainRun,
+                              config: RunnableConfig) -> AsyncIterator[Any]:
+        input = None
+        async for input in inputs:  # noqa: B007
+            pass
+        split = await asyncio.to_thread(self._stream_split)  # traces the steps: not on the caller's loop
+        if split is None:
+            chunks = self._agraph_chunks(input)
+        else:
+            chunks = routed_aiterate(self.teola_runtime(),
+                                     split.apipe(self._head._agraph_chunks(input), config, run_manager))
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+
+    def _graph_chunks(self, input: Any) -> Iterator[Any]:
+        """The stream of one graph run of the chain: its output's token deltas and fields."""
         runtime, plan = self.teola_runtime(), self._plan(input)
         chunks = _Chunks(plan)
         run = lambda push: calling_from(None, chunks.execute(plan, runtime, input, push,  # noqa: E731
@@ -358,10 +399,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         for final, item in stream_sync(runtime, run):
             yield from chunks.finish(item) if final else (item,)
 
-    async def _astream_chunks(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        input = None
-        async for input in inputs:  # noqa: B007
-            pass
+    async def _agraph_chunks(self, input: Any) -> AsyncIterator[Any]:
         runtime, plan = self.teola_runtime(), self._plan(input)
         chunks = _Chunks(plan)
         caller = asyncio.get_running_loop()
