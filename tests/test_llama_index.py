@@ -280,6 +280,104 @@ def test_unknown_components_stay_opaque_and_answer_right(runtime, index, llm, ex
     assert_same_response(teola, plain)
 
 
+class _AsyncOnly:
+    """Components with no sync path (as async-first integrations write them): the sync
+    method raises; the async one records the loop it ran on."""
+
+    loops: ClassVar[list[Any]] = []
+
+    @classmethod
+    def ran(cls) -> None:
+        cls.loops.append(asyncio.get_running_loop())
+
+    @staticmethod
+    def no_sync(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("async only")
+
+
+class AsyncOnlyRetriever(BaseRetriever):
+    def __init__(self, inner: BaseRetriever) -> None:
+        super().__init__()
+        self.inner = inner
+
+    _retrieve = _AsyncOnly.no_sync
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        _AsyncOnly.ran()
+        return await self.inner.aretrieve(query_bundle)  # the executor's again (lowered)
+
+
+class AsyncOnlyPostprocessor(BaseNodePostprocessor):
+    _postprocess_nodes = _AsyncOnly.no_sync
+
+    async def _apostprocess_nodes(self, nodes, query_bundle=None):
+        _AsyncOnly.ran()
+        return nodes[:2]
+
+
+def _async_only_synthesizer(llm):
+    from llama_index.core.response_synthesizers.base import BaseSynthesizer
+
+    class AsyncOnlySynthesizer(BaseSynthesizer):
+        get_response = _AsyncOnly.no_sync
+
+        async def aget_response(self, query_str, text_chunks, **kwargs):
+            _AsyncOnly.ran()
+            return f"{len(text_chunks)} passages for: {query_str}"
+
+        def _get_prompts(self):
+            return {}
+
+        def _update_prompts(self, prompts) -> None:
+            pass
+
+    return AsyncOnlySynthesizer(llm=llm)
+
+
+def test_async_queries_await_opaque_components_async_methods_on_the_callers_loop(index, llm, executor):
+    """``aquery`` / ``aretrieve``: an opaque retriever, postprocessor, synthesizer and query
+    engine run their async methods, on the caller's loop, as plain does (their sync methods
+    raise); the sync entry points fail as plain's do."""
+    from llama_index.core.query_engine import CustomQueryEngine, RetrieverQueryEngine
+
+    class AsyncOnlyQueryEngine(CustomQueryEngine):
+        custom_query = _AsyncOnly.no_sync
+
+        async def acustom_query(self, query_str: str) -> str:
+            _AsyncOnly.ran()
+            return query_str.upper()
+
+    retriever = AsyncOnlyRetriever(index.as_retriever(similarity_top_k=3))
+    engine = RetrieverQueryEngine(retriever=retriever, response_synthesizer=_async_only_synthesizer(llm),
+                                  node_postprocessors=[AsyncOnlyPostprocessor()])
+    assert {n.component for n in executor.traced(engine).opaque} == {
+        "AsyncOnlyRetriever", "AsyncOnlyPostprocessor", "AsyncOnlySynthesizer"}
+    question = QUESTIONS[1]
+
+    async def both(call_plain, call_teola) -> tuple[Any, Any, bool]:
+        _AsyncOnly.loops.clear()
+        plain = await call_plain()
+        plain_loops = len(_AsyncOnly.loops)
+        teola = await call_teola()
+        loop = asyncio.get_running_loop()
+        return plain, teola, _AsyncOnly.loops == [loop] * (2 * plain_loops) and plain_loops > 0
+
+    plain, teola, on_caller = asyncio.run(both(lambda: engine.aquery(question),
+                                               lambda: executor.aquery(engine, question)))
+    assert on_caller and str(teola) == str(plain) == f"2 passages for: {question}"
+    assert ids(teola.source_nodes) == ids(plain.source_nodes)
+    plain, teola, on_caller = asyncio.run(both(lambda: retriever.aretrieve(question),
+                                               lambda: executor.aretrieve(retriever, question)))
+    assert on_caller and ids(teola) == ids(plain) and len(plain) == 3
+    custom = AsyncOnlyQueryEngine()
+    plain, teola, on_caller = asyncio.run(both(lambda: custom.aquery(question),
+                                               lambda: executor.aquery(custom, question)))
+    assert on_caller and str(teola) == str(plain) == question.upper()
+    for sync_call in (lambda: engine.query(question), lambda: executor.query(engine, question)):
+        with pytest.raises(RuntimeError, match="async only"):
+            sync_call()
+
+
 # -- bad input ------------------------------------------------------------------------------------------
 def test_unsupported_objects_and_bad_config_fail_clearly(executor):
     with pytest.raises(TypeError, match="BaseQueryEngine"):

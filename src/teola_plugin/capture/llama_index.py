@@ -22,12 +22,13 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .common import NotLowerable  # noqa: F401  (the rules import it from here too)
 from ..engines.base import Engine
+from ..runtime.caller import as_the_caller_calls
 from ..ir.app_graphs import Tracer
 from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
@@ -84,12 +85,20 @@ def framework_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def component_call(component: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+def component_call(component: Any, fn: Callable[..., Any],
+                   afn: Callable[..., Awaitable[Any]] | None = None) -> Callable[..., Any]:
     """``fn`` (a call of ``component``'s own method) as an opaque step: the component runs its
-    own code, and what it calls on other components is still the executor's to run."""
-    def call(**inputs: Any) -> Any:
-        with running_own_code(component):
-            return fn(**inputs)
+    own code, and what it calls on other components is still the executor's to run. With
+    ``afn`` (the same call's async method), an async query (``aquery`` / ``aretrieve``) awaits
+    ``afn`` on the caller's loop, as plain does (``runtime.caller``)."""
+    if afn is None:
+        def call(**inputs: Any) -> Any:
+            with running_own_code(component):
+                return fn(**inputs)
+    else:
+        async def call(**inputs: Any) -> Any:  # type: ignore[misc]
+            with running_own_code(component):
+                return await as_the_caller_calls(fn, afn, **inputs)
 
     call.__qualname__ = getattr(fn, "__qualname__", "component_call")
     return call
@@ -217,11 +226,12 @@ class LlamaIndexTracer:
         return prim.out()
 
     def opaque(self, name: str, component: Any, fn: Callable[..., Any], inputs: Mapping[str, Ref],
-               reason: str) -> Ref:
-        """A component left as it is: one impure primitive calling its own method (the query
-        engines and retrievers it calls in turn are still run by the executor)."""
+               reason: str, afn: Callable[..., Awaitable[Any]] | None = None) -> Ref:
+        """A component left as it is: one impure primitive calling its own method, ``fn``, or
+        under an async query its async method, ``afn`` (the query engines and retrievers it
+        calls in turn are still run by the executor)."""
         prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
-                          attrs={"fn": component_call(component, fn), "pure": False},
+                          attrs={"fn": component_call(component, fn, afn), "pure": False},
                           origin=type(component).__name__)
         ref = prim.out()
         self.note(ref.node, component, "opaque", reason)
@@ -276,9 +286,11 @@ class LlamaIndexTracer:
         # run: the engine itself, unlowered, is its ``_query`` (unless it redefines ``query``).
         from llama_index.core.base.base_query_engine import BaseQueryEngine
 
-        own = not root or overridden(engine, BaseQueryEngine, ("query",))
-        call = (lambda query: engine.query(query)) if own else (lambda query: engine._query(query))
-        response = self.opaque("query_engine", engine, call, {"query": self.query}, reason)
+        own = lambda method: not root or overridden(engine, BaseQueryEngine, (method,))  # noqa: E731
+        sync = engine.query if own("query") else engine._query
+        async_ = engine.aquery if own("aquery") else engine._aquery
+        call, acall = (lambda query: sync(query)), (lambda query: async_(query))
+        response = self.opaque("query_engine", engine, call, {"query": self.query}, reason, acall)
         return {"response": response}
 
     def lower_retriever(self, retriever: Any, root: bool = False) -> Ref:
@@ -287,11 +299,19 @@ class LlamaIndexTracer:
             return lowered
         from llama_index.core.base.base_retriever import BaseRetriever
 
-        if not root or overridden(retriever, BaseRetriever, ("retrieve",)):
+        own = lambda method: not root or overridden(retriever, BaseRetriever, (method,))  # noqa: E731
+
+        def call(query: Any) -> Any:  # ``retrieve`` without the instrumentation the entry point ran
+            return retriever._handle_recursive_retrieval(query, retriever._retrieve(query))
+
+        async def acall(query: Any) -> Any:
+            return await retriever._ahandle_recursive_retrieval(query, await retriever._aretrieve(query))
+
+        if own("retrieve"):
             call = lambda query: retriever.retrieve(query)  # noqa: E731
-        else:  # ``retrieve`` without its instrumentation (the executor's entry point ran it)
-            call = lambda query: retriever._handle_recursive_retrieval(query, retriever._retrieve(query))  # noqa: E731
-        return self.opaque("retrieve", retriever, call, {"query": self.query}, reason)
+        if own("aretrieve"):
+            acall = lambda query: retriever.aretrieve(query)  # noqa: E731
+        return self.opaque("retrieve", retriever, call, {"query": self.query}, reason, acall)
 
     def lower_postprocessor(self, postprocessor: Any, nodes: Ref) -> Ref:
         lowered, reason = self._by_rule(POSTPROCESSOR_RULES, postprocessor, "node postprocessor", nodes)
@@ -299,7 +319,8 @@ class LlamaIndexTracer:
             return lowered
         return self.opaque("postprocess", postprocessor,
                            lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
-                           {"nodes": nodes, "query": self.query}, reason)
+                           {"nodes": nodes, "query": self.query}, reason,
+                           lambda nodes, query: postprocessor.apostprocess_nodes(nodes, query_bundle=query))
 
     def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
         lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
@@ -307,7 +328,8 @@ class LlamaIndexTracer:
             return lowered
         return self.opaque("synthesize", synthesizer,
                            lambda query, nodes: synthesizer.synthesize(query, nodes),
-                           {"query": self.query, "nodes": nodes}, reason)
+                           {"query": self.query, "nodes": nodes}, reason,
+                           lambda query, nodes: synthesizer.asynthesize(query, nodes))
 
     def lower_query_vector(self, embed_model: Any, origin: str) -> Ref:
         """The query's one search vector, as ``VectorIndexRetriever._retrieve`` computes it:

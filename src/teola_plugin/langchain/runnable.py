@@ -29,7 +29,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
-from ..capture.langchain.calls import calling_from
+from ..runtime.caller import calling_from
 from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
 from ..errors import ConfigError
@@ -189,12 +189,19 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         except Exception:  # noqa: BLE001 - the graph run reports it, as for any input
             return False
 
+    async def _aplan(self, input: Any) -> ExecutionPlan:
+        """``_plan`` without blocking the caller's event loop: a known plan is a dict read (no
+        lock), a new one is traced on a thread (tracing imports and inspects code)."""
+        plan = self._plans.get(InputLayout.of(input))
+        return plan if plan is not None else await asyncio.to_thread(self._plan, input)
+
     async def _aruns_as_is(self, input: Any) -> bool:
-        """``_runs_as_is`` without tracing on the caller's event loop (tracing imports and
-        inspects code: blocking work)."""
-        if self.timeout_s is None and InputLayout.of(input) not in self._plans:
-            await asyncio.to_thread(self._runs_as_is, input)
-        return self._runs_as_is(input)
+        if self.timeout_s is not None:
+            return False
+        try:
+            return not (await self._aplan(input)).uses_engines
+        except Exception:  # noqa: BLE001 - as _runs_as_is
+            return False
 
     def _streams_as_is(self) -> bool:
         """For calls whose input arrives as a stream (``transform``): judged on the layout the
@@ -229,7 +236,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return runtime.run_sync(calling_from(None, plan.execute(runtime, input, timeout_s=self.timeout_s)))
 
     async def _arun(self, input: Any) -> Any:
-        runtime, plan = self.teola_runtime(), self._plan(input)
+        runtime, plan = self.teola_runtime(), await self._aplan(input)
         caller = asyncio.get_running_loop()
         return await runtime.run_async(calling_from(caller, plan.execute(runtime, input, timeout_s=self.timeout_s)))
 
@@ -400,7 +407,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             yield from chunks.finish(item) if final else (item,)
 
     async def _agraph_chunks(self, input: Any) -> AsyncIterator[Any]:
-        runtime, plan = self.teola_runtime(), self._plan(input)
+        runtime, plan = self.teola_runtime(), await self._aplan(input)
         chunks = _Chunks(plan)
         caller = asyncio.get_running_loop()
         run = lambda push: calling_from(caller, chunks.execute(plan, runtime, input, push,  # noqa: E731

@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
+from ..runtime.caller import calling_from
 from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
 from ..served_calls import EXPLAIN_ROUTED
@@ -303,13 +304,14 @@ class TeolaExecutor:
     # no-op after a finished run): a run_sync interrupted before _execute started included.
     def _run_sync(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
-            return self.runtime.run_sync(self._execute(app, graph, query, query_id))
+            return self.runtime.run_sync(calling_from(None, self._execute(app, graph, query, query_id)))
         finally:
             _release_claims(app)
 
     async def _run_async(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
-            return await self.runtime.run_async(self._execute(app, graph, query, query_id))
+            caller = asyncio.get_running_loop()  # opaque components' async methods run there
+            return await self.runtime.run_async(calling_from(caller, self._execute(app, graph, query, query_id)))
         finally:
             _release_claims(app)
 

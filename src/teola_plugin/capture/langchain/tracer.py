@@ -34,7 +34,7 @@ from ...ir.ops import Op
 from ..common import NotLowerable
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
-from .calls import as_the_chain_calls
+from ...runtime.caller import as_the_caller_calls
 from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
@@ -257,7 +257,7 @@ class LangChainTracer:
         invoke, ainvoke = runnable.invoke, runnable.ainvoke
 
         async def call_unchanged(input: Any) -> Any:
-            return await as_the_chain_calls(invoke, ainvoke, input)
+            return await as_the_caller_calls(invoke, ainvoke, input)
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},

@@ -24,7 +24,7 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableSequence
 
 from ....ir.ops import Op
-from ..calls import as_the_chain_calls
+from ....runtime.caller import as_the_caller_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
@@ -99,7 +99,7 @@ def lower_compression(t: LangChainTracer, retriever: Any, value: Value) -> Value
     async def compress_unchanged(docs: Any, query: Any) -> Any:
         if not docs:  # as the retriever: no call on no documents
             return []
-        return list(await as_the_chain_calls(compress, acompress, docs, query))
+        return list(await as_the_caller_calls(compress, acompress, docs, query))
 
     name = component_name(compressor)
     prim = t.add(Op.OPAQUE, name="compress", inputs={"docs": docs, "query": query}, outputs=[OUT],

@@ -31,7 +31,7 @@ from ....ir.graph import PGraph
 from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.handlers import Expansion
-from ..calls import as_the_chain_calls
+from ....runtime.caller import as_the_caller_calls
 from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering
 from ..values import Traced, Value
 
@@ -73,7 +73,7 @@ def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Valu
 
     async def run_each(input: Any) -> Any:
         if not _is_element_list(input):  # RunnableEach's own handling (and error) of the rest
-            return await as_the_chain_calls(invoke, ainvoke, input)
+            return await as_the_caller_calls(invoke, ainvoke, input)
         if not input:
             return []
         return await expand_each(planner, bound, list(input), origin)
@@ -124,7 +124,7 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
     async def run_branch(input: Any) -> Expansion:
         chosen = default
         for condition, runnable in cases:  # in order; a condition's own code decides
-            if await as_the_chain_calls(condition.invoke, condition.ainvoke, input):
+            if await as_the_caller_calls(condition.invoke, condition.ainvoke, input):
                 chosen = runnable
                 break
         sub, feed, tokens = await planner.sub_plan(chosen, input)
