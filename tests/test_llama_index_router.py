@@ -84,3 +84,48 @@ def test_a_custom_selector_runs_its_own_code_and_the_choice_runs_lowered(model_s
     assert str(teola) == str(plain) and answer_texts(teola) == answer_texts(plain)
     assert {"embed", "vector_search", "llm_decode"} <= {s.op for s in executor.runtime.timeline.spans(
         [executor.last_query_id])}
+
+
+class BothAsyncOnly(BaseSelector):
+    """Selects both engines; async only (its sync ``_select`` raises)."""
+
+    def _select(self, choices, query) -> SelectorResult:
+        raise RuntimeError("async only")
+
+    async def _aselect(self, choices, query) -> SelectorResult:
+        return SelectorResult(selections=[SingleSelection(index=0, reason="first"),
+                                          SingleSelection(index=1, reason="second")])
+
+    def _get_prompts(self):
+        return {}
+
+    def _update_prompts(self, prompts) -> None:
+        pass
+
+
+def test_an_async_query_runs_the_routers_own_async_selector_and_summarizer(model_server, indexes, executor):
+    """Under ``aquery`` a custom selector's ``aselect`` and an unlowered summarizer's
+    ``aget_response`` (``acombine_responses``) run, as plain's ``aquery`` runs them; the
+    chosen engines still run lowered."""
+    import asyncio
+
+    from llama_index.core.response_synthesizers import TreeSummarize
+
+    class JoinAsyncOnly(TreeSummarize):  # a subclass: its own code runs (not lowered)
+        def get_response(self, *args, **kwargs):
+            raise RuntimeError("async only")
+
+        async def aget_response(self, query_str, text_chunks, **kwargs):
+            return " | ".join(text_chunks)
+
+    llm = openai_like(model_server.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    router = RouterQueryEngine(selector=BothAsyncOnly(), query_engine_tools=tools_of(indexes, llm), llm=llm,
+                               summarizer=JoinAsyncOnly(llm=llm))
+    plain = asyncio.run(router.aquery(QUESTION))
+    teola = asyncio.run(executor.aquery(router, QUESTION))
+    assert str(teola) == str(plain) and str(plain).count(" | ") == 1
+    assert answer_texts(teola) == answer_texts(plain) and len(plain.source_nodes) == 4
+    assert teola.metadata["selector_result"] == plain.metadata["selector_result"]
+    for sync_query in (router.query, lambda q: executor.query(router, q)):
+        with pytest.raises(RuntimeError, match="async only"):
+            sync_query(QUESTION)

@@ -20,7 +20,8 @@ from typing import Any
 
 from llama_index.core.base.response.schema import Response
 from llama_index.core.query_engine import router_query_engine
-from llama_index.core.query_engine.router_query_engine import RouterQueryEngine, combine_responses
+from llama_index.core.query_engine.router_query_engine import (RouterQueryEngine, acombine_responses,
+                                                                 combine_responses)
 from llama_index.core.schema import QueryBundle
 from llama_index.core.selectors.llm_selectors import (
     LLMMultiSelector,
@@ -30,10 +31,12 @@ from llama_index.core.selectors.llm_selectors import (
 )
 from llama_index.core.utils import print_text
 
+from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..runtime.handlers import Expansion
-from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
+from .llama_index import (QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, component_call,
+                          framework_passthrough, lowering_rule)
 from .llama_index_models import engine_llm
 from .llama_index_predict import PredictAndParse
 from .llama_index_rules import synthesis_planner
@@ -81,7 +84,8 @@ def _selection(tr: LlamaIndexTracer, router: RouterQueryEngine, origin: str) -> 
             return ref
     else:
         why = f"the selector {type(selector).__name__} runs its own select"
-    return tr.opaque("select", selector, lambda query: selector.select(choices, query), {"query": tr.query}, why)
+    return tr.opaque("select", selector, lambda query: selector.select(choices, query), {"query": tr.query}, why,
+                     lambda query: selector.aselect(choices, query))
 
 
 class Route:
@@ -119,8 +123,22 @@ class Route:
     def combine(self, responses: list[Any], query: QueryBundle, with_result: Any) -> Any:
         """``combine_responses``: the summarizer over the answers, their sources kept."""
         router_query_engine.logger.info("Combining responses from multiple query engines.")
-        if self.summarizer is None:
-            return with_result(combine_responses(self.router._summarizer, responses, query))
+        if self.summarizer is None:  # the router's own (a)combine_responses, as its query / aquery calls it
+            summarizer = self.router._summarizer
+
+            def combine() -> Any:
+                with framework_passthrough():
+                    return with_result(combine_responses(summarizer, responses, query))
+
+            async def acombine() -> Any:
+                with framework_passthrough():
+                    return with_result(await acombine_responses(summarizer, responses, query))
+
+            graph = PGraph("combine")
+            combined = graph.add(Op.OPAQUE, name="combined", origin="RouterQueryEngine",
+                                 attrs={"fn": component_call(self.router, combine, acombine), "pure": False})
+            graph.output("out", combined.out())
+            return Expansion(graph, {})
         source_nodes = [n for r in responses for n in r.source_nodes]
         graph = self.summarizer.answer_graph(query.query_str, [str(r) for r in responses]).copy()
         response = graph.add(Op.OPAQUE, name="combined", inputs={"text": graph.outputs["out"]},
