@@ -144,6 +144,22 @@ def write_markdown(data: dict, path: Path) -> None:
     lines += ["", f"Totals: {sum(map(len, wrapped.values()))} wrapped-only failures, "
               f"{sum(map(len, graph.values()))} graph-run-only failures. Run time: "
               + ", ".join(f"{mode} {t:.0f} s" for mode, t in data["run_s"].items()) + ".", ""]
+    lines += ["## Where a graph run still differs from plain", "",
+              "The graph-run column shows what a chain with a lowered model gets where its components "
+              "run in the graph. The causes behind its failures:", "",
+              "- **Run trees** (events v1/v2, tracing, callback counts): a graph run reports the root run, each "
+              "opaque step's own run, lowered prompts (rendered by their own `invoke`) and lowered model calls, "
+              "but not the runs of nested compositions (`RunnableSequence` / `RunnableParallel` inside the chain) "
+              "or lowered parsers, nor the `seq:step:N` / `map:key:K` tags.",
+              "- **Streams under `timeout_s`**: opaque steps run once on their whole input. Without `timeout_s`, "
+              "the steps after a chain's last engine step stream through their own `transform` "
+              "(`langchain/stream_split.py`); before it, a lowered model's tokens stream.",
+              "- **Batch**: a component's own `batch` / `_batch` is not called (each input is one graph run, "
+              "each step invoked): batch-only runnables raise, `return_exceptions` surfaces per input.",
+              "- **Config as an argument**: opaque steps get the call's config through LangChain's context, not "
+              "as an explicit argument (spies on `invoke` see `config=None`).",
+              "- **A sync call inside a running event loop** waits for the graph run on the runtime's loop "
+              "(LangChain's blockbuster fixture flags the wait).", ""]
     for title, listed in (("Wrapped-only failures", wrapped), ("Graph-run-only failures", graph)):
         if any(listed.values()):
             lines += [f"## {title}", ""]

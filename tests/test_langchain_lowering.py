@@ -88,3 +88,22 @@ def test_a_cross_encoder_compressor_runs_unchanged_over_a_lowered_base_retriever
     trace = trace_runnable(ours, InputLayout.of("q"))
     (rerank,) = [p for p in trace.graph if p.op.value == "rerank"]
     assert rerank.engine == "reranker" and rerank.attrs["top_n"] == 2 and not trace.opaque
+
+
+def test_a_chat_models_bind_and_with_config_are_lowered_like_a_completion_models():
+    """``chat_model.bind(stop=...)`` / ``.with_config(...)`` return langchain-core's
+    ``_ChatModelBinding`` (a typing-only subclass): lowered as a plain binding."""
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaChatModel
+
+    prompt = ChatPromptTemplate.from_template("Q: {question}")
+    served = ChatOpenAI(model="m", base_url="http://127.0.0.1:9/v1", api_key="none", max_tokens=8)  # never called
+    for model in (TeolaChatModel(runtime=object(), max_tokens=8), served):
+        for bound in (model.bind(stop=["\n"]), model.with_config(run_name="answer", tags=["t"])):
+            trace = trace_runnable(prompt | bound, LAYOUT)
+            assert not trace.opaque, (type(model).__name__, trace.opaque)
+            assert "llm_decode" in {p.op.value for p in trace.graph}
+    reasons = opaque_reasons(prompt | served.bind(logprobs=True))
+    assert any("logprobs" in r for r in reasons.values())

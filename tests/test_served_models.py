@@ -371,7 +371,8 @@ def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_pro
 def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(recording_proxy, runtime):
     """A lowered call followed by parsers and generators (partial JSON, a generator of
     words): the stream is plain's chunk for chunk, sync and async, the tail's steps each a
-    child run of the chain as in plain; ``invoke`` still runs the whole chain as one graph."""
+    child run of the chain as in plain (the model's run too, with a ``with_config`` name and
+    tags); ``invoke`` still runs the whole chain as one graph."""
     from langchain_core.output_parsers import JsonOutputParser, StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.runnables import RunnableGenerator
@@ -380,8 +381,9 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
 
     from teola_plugin.langchain import TeolaRunnable
 
+    json_mode = {"response_format": {"type": "json_object"}}  # valid JSON by construction
     llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
-                     max_tokens=40, seed=0, model_kwargs={"response_format": {"type": "json_object"}})  # JSON by construction
+                     max_tokens=40, seed=0, model_kwargs=json_mode)
     prompt = ChatPromptTemplate.from_template("Write a JSON object with the keys name and city for {who}.")
 
     def upper_words(chunks):
@@ -394,7 +396,8 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
             yield pending.upper()
 
     json_chain = prompt | llm | JsonOutputParser()
-    words_chain = prompt | llm | StrOutputParser() | RunnableGenerator(upper_words)
+    named = llm.with_config(run_name="answer", tags=["answer-tag"])  # lowered, its run named as plain's
+    words_chain = prompt | named | StrOutputParser() | RunnableGenerator(upper_words)
     question = {"who": "Ada Lovelace"}
     for chain in (json_chain, words_chain):
         fast = TeolaRunnable(chain, runtime=runtime)
@@ -406,6 +409,10 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
         tail_runs = lambda collected: [(r.name, r.tags) for r in collected.traced_runs[0].child_runs  # noqa: E731
                                        if r.name in {"JsonOutputParser", "StrOutputParser", "upper_words"}]
         assert tail_runs(runs) == tail_runs(plain_runs) != []
+        model_runs = lambda collected: [(r.name, "answer-tag" in r.tags)  # noqa: E731
+                                        for r in collected.traced_runs[0].child_runs if r.run_type == "llm"]
+        assert model_runs(runs) == model_runs(plain_runs) == [
+            ("answer", True) if chain is words_chain else ("ChatOpenAI", False)]
 
     async def astream(runnable) -> list:
         return [chunk async for chunk in runnable.astream(question)]
@@ -414,6 +421,7 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
     assert asyncio.run(astream(fast)) == asyncio.run(astream(json_chain))
     assert fast.invoke(question) == json_chain.invoke(question)
     assert fast._plan(question).trace.opaque == []  # the parser is lowered: invoke is one graph
+    assert TeolaRunnable(words_chain, runtime=runtime)._plan(question).trace.opaque[0].component == "upper_words"
 
 
 def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):

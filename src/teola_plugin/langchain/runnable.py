@@ -366,7 +366,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         enforces it."""
         with self._lock:
             if self._split is None:
-                split = None if self.timeout_s is not None else StreamSplit.of(self.chain, self._sub_planner().uses_engines)
+                split = None
+                if self.timeout_s is None:
+                    split = StreamSplit.of(self.chain, self._sub_planner().uses_engines)
                 self._split = (split,)
                 self._head = None if split is None else TeolaRunnable(
                     split.head, runtime=self.teola_runtime(), passes=self.passes, disabled=self.disabled,
@@ -380,7 +382,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if split is None:
             yield from self._graph_chunks(input)
             return
-        yield from routed_iterate(self.teola_runtime(), split.pipe(self._head._graph_chunks(input), config, run_manager))
+        head_chunks = self._head._graph_chunks(input)
+        yield from routed_iterate(self.teola_runtime(), split.pipe(head_chunks, config, run_manager))
 
     async def _astream_chunks(self, inputs: AsyncIterator[Any], run_manager: AsyncCallbackManagerForChainRun,
                               config: RunnableConfig) -> AsyncIterator[Any]:

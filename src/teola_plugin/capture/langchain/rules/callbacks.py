@@ -25,7 +25,7 @@ from langchain_core.language_models.chat_models import _gen_info_and_msg_metadat
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
-from langchain_core.runnables.config import ensure_config
+from langchain_core.runnables.config import ensure_config, merge_configs
 from langchain_core.tracers._streaming import _StreamingCallbackHandler  # what makes plain's models stream
 from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 
@@ -33,8 +33,7 @@ from ....runtime.framework_threads import in_framework_thread
 from ..protocols import LLMCallSpec
 
 
-def _callback_manager(model: Any, stop: list[str] | None) -> CallbackManager | None:
-    config = ensure_config()  # the caller's config, from the copied context
+def _callback_manager(model: Any, stop: list[str] | None, config: Any) -> CallbackManager | None:
     model_callbacks, verbose = getattr(model, "callbacks", None), bool(getattr(model, "verbose", False))
     if not config.get("callbacks") and not model_callbacks and not verbose:
         return None
@@ -102,16 +101,22 @@ def _invoke_message(result: Any, run: Any) -> Any:
     return message
 
 
-def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tuple[Callable, Callable]:
+def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
+                   bound: Mapping[str, Any] | None = None) -> tuple[Callable, Callable]:
     """``(report_start(prompt) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
-    (from a served model's reply), else None."""
+    (from a served model's reply), else None. ``bound``: the tracing config of a
+    ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it."""
     chat = spec.returns_message
 
     async def report_start(prompt: Any) -> Any:
-        manager = _callback_manager(model, stop)
+        config = ensure_config()  # the caller's config, from the copied context
+        if bound:
+            config = merge_configs(config, dict(bound))
+        manager = _callback_manager(model, stop, config)
         if manager is None:
             return None
+        name = config.get("run_name")
         try:
             params = model._get_invocation_params(stop=stop)
         except Exception:  # noqa: BLE001
@@ -123,11 +128,11 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None) -> tup
                 # the engine's role/content dicts (a served model's: its request body's), as messages
                 messages = convert_to_messages(prompt["messages"] if isinstance(prompt, Mapping) else prompt)
                 (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
-                                                     options=options, batch_size=1)
+                                                     options=options, name=name, batch_size=1)
             else:
                 text = prompt["prompt"][0] if isinstance(prompt, Mapping) else prompt  # a served body's
                 (run,) = manager.on_llm_start(serialized, [text], invocation_params=params,
-                                              options=options, batch_size=1)
+                                              options=options, name=name, batch_size=1)
             return CallRun(run, chat, _streaming(manager))
 
         return await in_framework_thread(start)

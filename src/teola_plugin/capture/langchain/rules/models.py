@@ -94,8 +94,10 @@ def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> 
 
 
 def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None = None,
+                 bound: dict[str, Any] | None = None,
                  **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced, Ref]:
-    """format -> llm_prefill -> llm_decode for ``model`` on ``value``; returns the decode,
+    """format -> llm_prefill -> llm_decode for ``model`` on ``value`` (``bound``: the tracing
+    config of a ``with_config`` binding, for the callback run); returns the decode,
     the call spec, the reply text (after the callback report) and the reply message (the
     model's own, from a served model's reply; else None at run time)."""
     spec = call_spec(t, model, stop)
@@ -103,7 +105,7 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
     params = dict(spec.sampling_params)
     max_tokens = int(spec.max_tokens or params.get("max_tokens", 256))
-    report_start, report_end = call_reporters(model, spec, stop)
+    report_start, report_end = call_reporters(model, spec, stop, bound)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
     errors = {"raise_error": spec.raise_error} if spec.raise_error else {}  # the model's own error types
@@ -120,8 +122,9 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     return decode, spec, Traced(ended.out("text"), Kind.TEXT, tokens_from=decode.name), ended.out("message")
 
 
-def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None) -> Value:
-    _, spec, text, message = add_llm_call(t, model, value, stop)
+def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None,
+                bound: dict[str, Any] | None = None) -> Value:
+    _, spec, text, message = add_llm_call(t, model, value, stop, bound)
     if not spec.returns_message:
         return text
     return ChatReply(text, message if spec.to_result is not None else None)
@@ -135,11 +138,22 @@ def lower_model(t: LangChainTracer, model: BaseLanguageModel, value: Value) -> V
 TRACING_ONLY_CONFIG = {"tags", "metadata", "run_name", "max_concurrency", "recursion_limit"}
 
 
+def _plain_bindings() -> tuple[type, ...]:
+    """``RunnableBinding``, and the subclass a chat model's ``bind`` / ``with_config`` returns
+    (langchain-core 1.x ``_ChatModelBinding``: typing only, "behaviorally identical")."""
+    try:
+        from langchain_core.language_models.chat_models import _ChatModelBinding
+    except ImportError:  # older langchain-core: chat models bind to a RunnableBinding
+        return (RunnableBinding,)
+    return (RunnableBinding, _ChatModelBinding)
+
+
 @lowering(RunnableBinding)
 def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) -> Value:
     """``model.bind(stop=...)`` runs the model with that stop; ``x.with_config(tags=...)``
-    runs ``x`` (those keys only name the run for tracing)."""
-    if type(binding) is not RunnableBinding or binding.config_factories:
+    runs ``x`` (those keys only name the run for tracing; a model's call run keeps them).
+    A chat model's binding (``_ChatModelBinding``) is the same binding."""
+    if type(binding) not in _plain_bindings() or binding.config_factories:
         raise NotLowerable(f"{type(binding).__name__} with config factories or a custom binding")
     extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG)
     if extra_config:
@@ -149,7 +163,8 @@ def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) ->
         stop = kwargs.pop("stop", None)
         if kwargs:
             raise NotLowerable(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
-        return _lower_call(t, binding.bound, value, None if stop is None else list(stop))
+        tracing = {k: binding.config[k] for k in ("run_name", "tags", "metadata") if binding.config.get(k)}
+        return _lower_call(t, binding.bound, value, None if stop is None else list(stop), tracing)
     if kwargs:
         raise NotLowerable(f"bound arguments {sorted(kwargs)}")
     return t.lower(binding.bound, value)
