@@ -4,12 +4,15 @@ Every OpenAI-client model of both frameworks (LlamaIndex ``OpenAI`` / ``OpenAILi
 LangChain ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI``) ends in
 ``client.chat.completions.create(**request)`` or ``client.completions.create(**request)``,
 called by the framework's own code with the request it built (tools, structured output,
-streaming, stop, ``extra_body``...). :func:`install` wraps those four methods (sync and
-async) once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the
+streaming, stop, ``extra_body``...); structured output with a schema class
+(``ChatOpenAI.with_structured_output``) ends in ``client.chat.completions.parse``, which
+posts the same body as ``create`` and parses the reply. :func:`install` wraps those six
+methods (sync and async) once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the
 request — the same keyword arguments — is sent by the runtime's served engine for the
 client's server (``OpenAICompatibleEngine.relay``, opened through the engine scheduler), and
 the caller gets what its own client returns: the completion (or the raw response
-``with_raw_response`` asked for), or for ``stream=True`` a stream of the server's chunks
+``with_raw_response`` asked for; for ``parse``, the SDK's own parse of the reply), or for
+``stream=True`` a stream of the server's chunks
 that iterates, closes and works as a (async) context manager like the SDK's. So the
 framework's code, callbacks and events are plain's, and the server sees the same request.
 
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _ORIGINAL = "__teola_original__"
 _RAW_HEADER = "X-Stainless-Raw-Response"  # openai._constants.RAW_RESPONSE_HEADER
+_HELPER_HEADER = "X-Stainless-Helper-Method"  # what parse() adds to the request's headers
 
 
 def _resources() -> tuple[tuple[type, bool], ...]:
@@ -162,6 +166,49 @@ class RelayedAsyncStream:
         await self.close()
 
 
+class ParsedRequest:
+    """``chat.completions.parse(**request)`` as the ``create`` request it posts (the same body:
+    the schema class as its response-format param, ``stream`` false, parse's helper header),
+    and the SDK's own parse of the reply into a ``ParsedChatCompletion``."""
+
+    def __init__(self, request: Mapping[str, Any]) -> None:
+        from openai.lib._parsing import type_to_response_format_param, validate_input_tools
+
+        self.response_format = request.get("response_format")
+        self.input_tools = validate_input_tools(request["tools"]) if "tools" in request else None
+        self.raw = (request.get("extra_headers") or {}).get(_RAW_HEADER) == "true"
+        headers = {_HELPER_HEADER: "chat.completions.parse", **(request.get("extra_headers") or {})}
+        self.create = {**request, "stream": False, "extra_headers": headers}
+        if "response_format" in request:
+            self.create["response_format"] = type_to_response_format_param(self.response_format)
+
+    def _parsed(self, completion: Any) -> Any:
+        from openai import omit
+        from openai.lib._parsing import parse_chat_completion
+
+        return parse_chat_completion(
+            response_format=omit if self.response_format is None else self.response_format,
+            chat_completion=completion, input_tools=omit if self.input_tools is None else self.input_tools)
+
+    def reply(self, reply: Any) -> Any:
+        """What ``parse`` returns for the relayed ``create``'s reply (raw: a raw response
+        whose ``parse()`` is parse's)."""
+        return ParsedRawResponse(reply, self._parsed) if self.raw else self._parsed(reply)
+
+
+class ParsedRawResponse:
+    """``with_raw_response.parse``'s reply: the raw response, ``parse()`` giving parse's result."""
+
+    def __init__(self, raw: Any, parser: Callable[[Any], Any]) -> None:
+        self._raw, self._parser = raw, parser
+
+    def parse(self) -> Any:
+        return self._parser(self._raw.parse())
+
+    def __getattr__(self, name: str) -> Any:  # headers, http_response...: the raw response's
+        return getattr(self._raw, name)
+
+
 def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create(self: Any, *args: Any, **request: Any) -> Any:
@@ -192,16 +239,54 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
     return create
 
 
+def _wrap_parse_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def parse(self: Any, *args: Any, **request: Any) -> Any:
+        route = _route(self, args, request)
+        if route is None or route[0].runtime.in_loop_thread() or request.get("stream"):
+            return original(self, *args, **request)
+        scope, engine = route
+        parsed = ParsedRequest(request)
+        return parsed.reply(scope.runtime.run_sync(_reply(scope, engine, parsed.create)))
+
+    setattr(parse, _ORIGINAL, original)
+    return parse
+
+
+def _wrap_parse_async(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def parse(self: Any, *args: Any, **request: Any) -> Any:
+        route = _route(self, args, request)
+        if route is None or request.get("stream"):
+            return await original(self, *args, **request)
+        scope, engine = route
+        parsed = ParsedRequest(request)
+        return parsed.reply(await scope.runtime.run_async(_reply(scope, engine, parsed.create)))
+
+    setattr(parse, _ORIGINAL, original)
+    return parse
+
+
+def _methods() -> list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    """(resource class, method, wrapper) of every request method routed."""
+    methods = []
+    for cls, is_async in _resources():
+        methods.append((cls, "create", _wrap_async if is_async else _wrap_sync))
+        if "parse" in cls.__dict__:  # chat completions
+            methods.append((cls, "parse", _wrap_parse_async if is_async else _wrap_parse_sync))
+    return methods
+
+
 def install() -> None:
     """Wrap the SDK's request methods (idempotent); without a scope they run unchanged."""
-    for cls, is_async in _resources():
-        method = cls.__dict__["create"]
+    for cls, name, wrap in _methods():
+        method = cls.__dict__[name]
         if not hasattr(method, _ORIGINAL):
-            cls.create = (_wrap_async if is_async else _wrap_sync)(method)
+            setattr(cls, name, wrap(method))
 
 
 def uninstall() -> None:
-    for cls, _ in _resources():
-        original = getattr(cls.__dict__["create"], _ORIGINAL, None)
+    for cls, name, _ in _methods():
+        original = getattr(cls.__dict__[name], _ORIGINAL, None)
         if original is not None:
-            cls.create = original
+            setattr(cls, name, original)
