@@ -331,12 +331,20 @@ class LlamaIndexTracer:
                            {"query": self.query, "nodes": nodes}, reason,
                            lambda query, nodes: synthesizer.asynthesize(query, nodes))
 
-    def lower_query_vector(self, embed_model: Any, origin: str) -> Ref:
+    def lower_query_vector(self, embed_model: Any, origin: str,
+                           unembeddable: Callable[[Any], Any] | None = None) -> Ref:
         """The query's one search vector, as ``VectorIndexRetriever._retrieve`` computes it:
-        the caller's embedding if given, else the mean of the embedding strings' embeddings."""
+        the caller's embedding if given, else the mean of the embedding strings' embeddings.
+        A query with neither (``""``) is ``unembeddable(query)``'s: plain searches without a
+        vector, and its store raises its own error."""
         from llama_index.core.base.embeddings.base import mean_agg
 
         from .llama_index_models import embedder_engine_for
+
+        def nothing_to_embed(query: Any) -> None:
+            if unembeddable is not None:
+                unembeddable(query)
+            raise ValueError(f"{origin}: the query has neither an embedding nor text to embed")
 
         engine, why = embedder_engine_for(self.ctx.runtime, embed_model)
         if engine is not None:
@@ -346,6 +354,8 @@ class LlamaIndexTracer:
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
                 if query.embedding is not None:
                     return [query.embedding]
+                if not vectors:
+                    nothing_to_embed(query)
                 return [mean_agg([list(map(float, v)) for v in vectors])]
 
             return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": embed.out()}, origin)
@@ -353,6 +363,8 @@ class LlamaIndexTracer:
         def embed_query(query: Any) -> list[Any]:
             if query.embedding is not None:
                 return [query.embedding]
+            if not query.embedding_strs:
+                nothing_to_embed(query)
             return [embed_model.get_agg_embedding_from_queries(query.embedding_strs)]
 
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)

@@ -96,7 +96,8 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
 def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> Ref:
     check_vector_retriever(retriever)
     origin = type(retriever).__name__
-    vectors = tr.lower_query_vector(retriever._embed_model, origin)
+    # plain's search without a query vector, for a query with no text: its store's own error
+    vectors = tr.lower_query_vector(retriever._embed_model, origin, retriever._get_nodes_with_embeddings)
     index, engine = store_index(tr, retriever)
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine,
                     attrs={"top_k": retriever.similarity_top_k, "est_items": 1}, origin=origin)
