@@ -148,9 +148,10 @@ def write_markdown(data: dict, path: Path) -> None:
               "The graph-run column shows what a chain with a lowered model gets where its components "
               "run in the graph. The causes behind its failures:", "",
               "- **Run trees** (events v1/v2, tracing, callback counts): a graph run reports the root run, each "
-              "opaque step's own run, lowered prompts (rendered by their own `invoke`) and lowered model calls, "
-              "but not the runs of nested compositions (`RunnableSequence` / `RunnableParallel` inside the chain) "
-              "or lowered parsers, nor the `seq:step:N` / `map:key:K` tags.",
+              "opaque step's own run, lowered prompts (rendered by their own `invoke`) and lowered model calls "
+              "(the root sequence's steps tagged `seq:step:N`, `capture/langchain/step_runs.py`), but not the "
+              "runs of nested compositions (`RunnableSequence` / `RunnableParallel` inside the chain, their "
+              "`map:key:K` tags) or of lowered parsers outside a streamed tail.",
               "- **Streams under `timeout_s`**: opaque steps run once on their whole input. Without `timeout_s`, "
               "the steps after a chain's last engine step stream through their own `transform` "
               "(`langchain/stream_split.py`); before it, a lowered model's tokens stream.",

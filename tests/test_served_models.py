@@ -322,8 +322,9 @@ def test_retrieval_chain_helpers_are_lowered_and_stream_plains_chunks(recording_
 
 def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_proxy, runtime):
     """The LangChain streaming guide's pattern: ``on_chat_model_stream`` events of a lowered
-    ``ChatOpenAI``, token by token, from the same streaming request plain sends; a plain
-    ``invoke`` with a callback handler hears no tokens, in both."""
+    ``ChatOpenAI``, token by token, from the same streaming request plain sends; every run's
+    events (prompt, model, parser, chain) named and tagged as plain's; a plain ``invoke``
+    with a callback handler hears no tokens, in both."""
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
@@ -354,6 +355,12 @@ def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_pro
     assert kinds[0] == "on_chat_model_start" and kinds[-1] == "on_chat_model_end"
     assert set(kinds) == set(plain_kinds)
     assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["stream"] is True
+
+    async def runs(runnable) -> set[tuple]:  # every run's events, named and tagged (seq:step:N) as plain's
+        return {(e["event"], e["name"], tuple(t for t in e["tags"] if t.startswith("seq:")))
+                async for e in runnable.astream_events({"topic": "rain"}, version="v2")}
+
+    assert asyncio.run(runs(fast)) == asyncio.run(runs(chain))
 
     class Tokens(BaseCallbackHandler):
         def __init__(self) -> None:

@@ -35,6 +35,7 @@ from ..common import NotLowerable
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
 from ...runtime.caller import as_the_caller_calls
+from .step_runs import step_config
 from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
@@ -199,6 +200,17 @@ class LangChainTracer:
         self.stores: dict[str, tuple[str, Any]] = {}
         self.opaque: list[OpaqueComponent] = []
         self._materialised: dict[int, tuple[Value, Ref]] = {}
+        self.root: Any = None  # the chain traced (its sequence's steps carry seq:step tags)
+        self._root_step: tuple[Any, str] | None = None  # (the root sequence's step being lowered, its tag)
+
+    def lowering_root_step(self, step: Any, tag: str | None) -> None:
+        """``step`` of the root sequence is being lowered (None: none is)."""
+        self._root_step = None if tag is None else (step, tag)
+
+    def step_tag_of(self, component: Any) -> str | None:
+        """``seq:step:N`` when ``component`` is itself a step of the traced chain's sequence:
+        its run carries that tag in plain (``step_runs.py``)."""
+        return self._root_step[1] if self._root_step is not None and self._root_step[0] is component else None
 
     # -- emitting --------------------------------------------------------------------------
     def add(self, op: Op, *, name: str | None = None, **kwargs: Any) -> Primitive:
@@ -254,10 +266,10 @@ class LangChainTracer:
         materialised input. LangChain's config context (callbacks, tags) reaches it: the
         runtime copies the caller's context."""
         ref = self.materialise(value)
-        invoke, ainvoke = runnable.invoke, runnable.ainvoke
+        invoke, ainvoke, tag = runnable.invoke, runnable.ainvoke, self.step_tag_of(runnable)
 
         async def call_unchanged(input: Any) -> Any:
-            return await as_the_caller_calls(invoke, ainvoke, input)
+            return await as_the_caller_calls(invoke, ainvoke, input, step_config(tag))
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
@@ -370,4 +382,5 @@ def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None, 
 
     tracer = LangChainTracer(name or _node_base(component_name(runnable)), planner=planner,
                              engine_models=engine_models)
+    tracer.root = runnable
     return tracer.finish(tracer.lower(runnable, tracer.inputs(layout)), layout)

@@ -31,6 +31,7 @@ from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix inv
 
 from ....runtime.framework_threads import in_framework_thread
 from ..protocols import LLMCallSpec
+from ..step_runs import with_step_tag
 
 
 def _callback_manager(model: Any, stop: list[str] | None, config: Any) -> CallbackManager | None:
@@ -102,18 +103,19 @@ def _invoke_message(result: Any, run: Any) -> Any:
 
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
-                   bound: Mapping[str, Any] | None = None) -> tuple[Callable, Callable]:
+                   bound: Mapping[str, Any] | None = None, step: str | None = None) -> tuple[Callable, Callable]:
     """``(report_start(prompt) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
     (from a served model's reply), else None. ``bound``: the tracing config of a
-    ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it."""
+    ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it;
+    ``step``: the call's seq:step tag (``step_runs.py``)."""
     chat = spec.returns_message
 
     async def report_start(prompt: Any) -> Any:
         config = ensure_config()  # the caller's config, from the copied context
         if bound:
             config = merge_configs(config, dict(bound))
-        manager = _callback_manager(model, stop, config)
+        manager = with_step_tag(_callback_manager(model, stop, config), step)
         if manager is None:
             return None
         name = config.get("run_name")

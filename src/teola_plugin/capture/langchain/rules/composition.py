@@ -11,19 +11,34 @@ import operator
 from typing import Any
 
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import (RunnableLambda, RunnableParallel, RunnablePassthrough,
+from langchain_core.runnables import (RunnableBinding, RunnableLambda, RunnableParallel, RunnablePassthrough,
                                       RunnableSequence)
 from langchain_core.runnables.passthrough import RunnableAssign
 
+from ..step_runs import step_tag
 from ..tracer import NotLowerable, LangChainTracer, lowering
 from ..values import ChatReply, Kind, Record, Traced, Value
 
 
 @lowering(RunnableSequence)
 def lower_sequence(t: LangChainTracer, seq: RunnableSequence, value: Value) -> Value:
-    for step in seq.steps:
-        value = t.lower(step, value)
+    root = _unbound(t.root) is seq  # its steps' runs carry seq:step:N (step_runs.py)
+    for i, step in enumerate(seq.steps):
+        if root:
+            t.lowering_root_step(step, step_tag(i))
+        try:
+            value = t.lower(step, value)
+        finally:
+            if root:
+                t.lowering_root_step(None, None)
     return value
+
+
+def _unbound(runnable: Any) -> Any:
+    """A chain under its ``with_config`` / ``bind`` bindings (the sequence that runs)."""
+    while isinstance(runnable, RunnableBinding):
+        runnable = runnable.bound
+    return runnable
 
 
 @lowering(RunnableParallel)

@@ -23,6 +23,7 @@ from ...overrides import overridden
 from ..protocols import LLMCallSpec, LowerableLanguageModel
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
+from ..step_runs import step_config
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
 from .prompts import literal_parts
@@ -37,11 +38,11 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     model's own input conversion, fused) and a prompt-length guess for the cost model."""
     convert = spec.to_engine_prompt
     if isinstance(value, PendingPrompt):
-        template = value.template
+        template, tag = value.template, value.step_tag
         inputs = {name: t.materialise(v) for name, v in value.variables.fields}
 
         def render(**variables: Any) -> Any:
-            return convert(template.invoke(variables))
+            return convert(template.invoke(variables, step_config(tag)))
 
         parts = literal_parts(template, set(inputs)) if spec.string_prompts else None
         attrs: dict[str, Any] = {"render": render}
@@ -94,10 +95,11 @@ def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> 
 
 
 def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None = None,
-                 bound: dict[str, Any] | None = None,
+                 bound: dict[str, Any] | None = None, step: str | None = None,
                  **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced, Ref]:
     """format -> llm_prefill -> llm_decode for ``model`` on ``value`` (``bound``: the tracing
-    config of a ``with_config`` binding, for the callback run); returns the decode,
+    config of a ``with_config`` binding, ``step``: its seq:step tag, for the callback run);
+    returns the decode,
     the call spec, the reply text (after the callback report) and the reply message (the
     model's own, from a served model's reply; else None at run time)."""
     spec = call_spec(t, model, stop)
@@ -105,7 +107,7 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
     params = dict(spec.sampling_params)
     max_tokens = int(spec.max_tokens or params.get("max_tokens", 256))
-    report_start, report_end = call_reporters(model, spec, stop, bound)
+    report_start, report_end = call_reporters(model, spec, stop, bound, step)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
     errors = {"raise_error": spec.raise_error} if spec.raise_error else {}  # the model's own error types
@@ -123,8 +125,8 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
 
 
 def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None,
-                bound: dict[str, Any] | None = None) -> Value:
-    _, spec, text, message = add_llm_call(t, model, value, stop, bound)
+                bound: dict[str, Any] | None = None, step: str | None = None) -> Value:
+    _, spec, text, message = add_llm_call(t, model, value, stop, bound, step)
     if not spec.returns_message:
         return text
     return ChatReply(text, message if spec.to_result is not None else None)
@@ -132,7 +134,7 @@ def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | 
 
 @lowering(BaseLanguageModel)
 def lower_model(t: LangChainTracer, model: BaseLanguageModel, value: Value) -> Value:
-    return _lower_call(t, model, value, None)
+    return _lower_call(t, model, value, None, step=t.step_tag_of(model))
 
 
 TRACING_ONLY_CONFIG = {"tags", "metadata", "run_name", "max_concurrency", "recursion_limit"}
@@ -164,7 +166,8 @@ def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) ->
         if kwargs:
             raise NotLowerable(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
         tracing = {k: binding.config[k] for k in ("run_name", "tags", "metadata") if binding.config.get(k)}
-        return _lower_call(t, binding.bound, value, None if stop is None else list(stop), tracing)
+        return _lower_call(t, binding.bound, value, None if stop is None else list(stop), tracing,
+                           t.step_tag_of(binding))
     if kwargs:
         raise NotLowerable(f"bound arguments {sorted(kwargs)}")
     return t.lower(binding.bound, value)

@@ -36,7 +36,8 @@ def template_variables(template: BasePromptTemplate, value: Value) -> Record:
 
 @lowering(BasePromptTemplate)
 def lower_template(t: LangChainTracer, template: BasePromptTemplate, value: Value) -> Value:
-    return PendingPrompt(template, template_variables(template, value), component_name(template))
+    return PendingPrompt(template, template_variables(template, value), component_name(template),
+                         t.step_tag_of(template))
 
 
 def literal_parts(template: Any, ports: set[str]) -> list[Any] | None:
