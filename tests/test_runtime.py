@@ -260,3 +260,43 @@ def test_engines_started_in_the_background_serve_the_first_query_without_a_start
             failing.result(timeout=60)
     finally:
         rt.shutdown()
+
+
+def test_async_callers_start_the_runtime_off_their_event_loop(monkeypatch):
+    """The first ``run_async`` / async stream of a fresh runtime starts it (Ray, for a Ray
+    runtime: seconds) on a thread, never on the caller's event loop; a shut-down runtime
+    then fails clearly instead of waiting on its stopped loop."""
+    from teola_plugin.runtime.bridge import iterate_async
+    from teola_plugin.runtime.runtime import Runtime
+
+    starts_on_a_loop = []
+    ensure_loop = Runtime._ensure_loop
+
+    def spy(self):
+        try:
+            asyncio.get_running_loop()
+            starts_on_a_loop.append(True)
+        except RuntimeError:
+            starts_on_a_loop.append(False)
+        return ensure_loop(self)
+
+    monkeypatch.setattr(Runtime, "_ensure_loop", spy)
+
+    async def numbers():
+        for i in range(3):
+            yield i
+
+    async def main(rt: Runtime) -> tuple:
+        return await rt.run_async(asyncio.sleep(0, "ran")), [i async for i in iterate_async(rt, numbers)]
+
+    for first in ("run_async", "stream"):
+        rt = Runtime({}, hosting="local")
+        if first == "stream":
+            assert asyncio.run(main(rt))[1] == [0, 1, 2]
+        assert asyncio.run(main(rt)) == ("ran", [0, 1, 2])
+        rt.shutdown()
+        never_run = asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="shut down"):
+            asyncio.run(rt.run_async(never_run))
+        never_run.close()
+    assert starts_on_a_loop and not any(starts_on_a_loop)

@@ -84,14 +84,14 @@ def iterate_sync(runtime: Runtime, make_stream: Callable[[], AsyncIterator[T]]) 
 
 async def iterate_async(runtime: Runtime, make_stream: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
     """Like :func:`iterate_sync` for a consumer on another event loop (or the runtime's own)."""
-    consumer = asyncio.get_running_loop()
-    if consumer is runtime.event_loop():
+    consumer, loop = asyncio.get_running_loop(), await runtime.aevent_loop()
+    if consumer is loop:
         async for item in make_stream():
             yield item
         return
     items: asyncio.Queue[Any] = asyncio.Queue()
     put = lambda item: consumer.call_soon_threadsafe(items.put_nowait, item)  # noqa: E731
-    future = runtime.submit(_pump(make_stream, put))
+    future = asyncio.run_coroutine_threadsafe(_pump(make_stream, put), loop)
     try:
         while (item := await items.get()) is not _DONE:
             if isinstance(item, _Failure):

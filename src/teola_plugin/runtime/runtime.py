@@ -175,6 +175,14 @@ class Runtime:
         """The runtime's event loop (started on first use)."""
         return self._ensure_loop()
 
+    async def aevent_loop(self) -> asyncio.AbstractEventLoop:
+        """``event_loop()`` for async callers: a first start (Ray, seconds) runs on a thread,
+        never on the caller's event loop."""
+        loop = self._loop
+        if loop is not None and not self._closed:
+            return loop
+        return await asyncio.to_thread(self._ensure_loop)  # raises once shut down
+
     def in_loop_thread(self) -> bool:
         """Is the caller the runtime loop's own thread (where blocking on the loop would hang)?"""
         return threading.current_thread() is self._thread
@@ -196,13 +204,10 @@ class Runtime:
 
     async def run_async(self, coro: Awaitable[T]) -> T:
         """Await a coroutine on the runtime loop from another event loop (cancellation forwarded)."""
-        loop = self._ensure_loop()
-        try:
-            if asyncio.get_running_loop() is loop:
-                return await coro
-        except RuntimeError:
-            pass
-        future = self.submit(coro)
+        loop = await self.aevent_loop()
+        if asyncio.get_running_loop() is loop:
+            return await coro
+        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
