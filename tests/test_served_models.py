@@ -379,7 +379,8 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
     """A lowered call followed by parsers and generators (partial JSON, a generator of
     words): the stream is plain's chunk for chunk, sync and async, the tail's steps each a
     child run of the chain as in plain (the model's run too, with a ``with_config`` name and
-    tags); ``invoke`` still runs the whole chain as one graph."""
+    tags); ``invoke`` still runs the whole chain as one graph, each step's run named and
+    tagged as plain's."""
     from langchain_core.output_parsers import JsonOutputParser, StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.runnables import RunnableGenerator
@@ -426,7 +427,14 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
 
     fast = TeolaRunnable(json_chain, runtime=runtime)
     assert asyncio.run(astream(fast)) == asyncio.run(astream(json_chain))
-    assert fast.invoke(question) == json_chain.invoke(question)
+    with collect_runs() as plain_runs:
+        plain = json_chain.invoke(question)
+    with collect_runs() as runs:
+        assert fast.invoke(question) == plain
+    steps = lambda collected: [(r.name, [t for t in r.tags if t.startswith("seq:")])  # noqa: E731
+                               for r in sorted(collected.traced_runs[0].child_runs, key=lambda r: r.dotted_order)]
+    assert steps(runs) == steps(plain_runs) == [("ChatPromptTemplate", ["seq:step:1"]), ("ChatOpenAI", ["seq:step:2"]),
+                                                ("JsonOutputParser", ["seq:step:3"])]
     assert fast._plan(question).trace.opaque == []  # the parser is lowered: invoke is one graph
     assert TeolaRunnable(words_chain, runtime=runtime)._plan(question).trace.opaque[0].component == "upper_words"
 

@@ -3,7 +3,8 @@
 On a str or a chat reply, ``parser.invoke`` is ``parse_result([Generation(text)])``,
 which for these exact classes is ``parse(text)``: so the primitive reads the decoded text
 directly (no ``AIMessage`` is built) and returns what the parser returns, raising its own
-``OutputParserException`` on bad output. Subclasses may override ``parse_result`` and run
+``OutputParserException`` on bad output. When the caller's callbacks listen, it calls the
+parser's own ``invoke`` on that text, so the parser's run is reported as plain reports it. Subclasses may override ``parse_result`` and run
 unchanged; so do parsers whose input is not known to be text.
 """
 
@@ -13,8 +14,11 @@ from typing import Any
 
 from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListOutputParser, JsonOutputParser,
                                            MarkdownListOutputParser, NumberedListOutputParser)
+from langchain_core.runnables.config import ensure_config
 
 from ....ir.ops import Op
+from ....runtime.framework_threads import in_framework_thread
+from ..step_runs import step_config
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ..values import ChatReply, Kind, Traced, Value
 
@@ -34,10 +38,14 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     text = value.text if isinstance(value, ChatReply) else value
     if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
         raise NotLowerable("input is not known to be a str or a chat reply")
-    parse = parser.parse
+    parse, invoke, tag = parser.parse, parser.invoke, t.step_tag_of(parser)
 
     async def parse_output(text: str) -> Any:
-        return parse(text)
+        if not ensure_config().get("callbacks"):
+            return parse(text)
+        # Someone listens: the parser's own invoke reports its run (as plain's step does),
+        # off the runtime loop (handlers may block).
+        return await in_framework_thread(invoke, text, step_config(tag))
 
     name = component_name(parser)
     prim = t.add(Op.OPAQUE, name="parse", inputs={"text": text.ref}, outputs=[OUT], origin=name,
