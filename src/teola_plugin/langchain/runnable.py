@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -283,17 +283,13 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             return
         yield from super().batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
-    async def abatch_as_completed(self, inputs: Sequence[Any],
-                                  config: RunnableConfig | Sequence[RunnableConfig] | None = None,
-                                  *, return_exceptions: bool = False, **kwargs: Any) -> AsyncIterator[tuple[int, Any]]:
-        if inputs and await self._aruns_as_is(inputs[0]):
-            items = routed_aiterate(self.teola_runtime(), self.chain.abatch_as_completed(
-                inputs, config, return_exceptions=return_exceptions, **kwargs))
-        else:
-            items = super().abatch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        async with aclosing(items):  # closing this stream closes the chain's at once
-            async for item in items:
-                yield item
+    def abatch_as_completed(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None,
+                            *, return_exceptions: bool = False, **kwargs: Any) -> AsyncIterator[tuple[int, Any]]:
+        options = {"return_exceptions": return_exceptions, **kwargs}
+        return self._chain_or_own(
+            lambda: self._aruns_as_is(inputs[0]) if inputs else _false(),
+            lambda: self.chain.abatch_as_completed(inputs, config, **options),
+            lambda: super(TeolaRunnable, self).abatch_as_completed(inputs, config, **options))
 
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
@@ -303,21 +299,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
                                                       self._bound_config(config))
 
-    async def astream(self, input: Any, config: RunnableConfig | None = None,
-                      **kwargs: Any) -> AsyncIterator[Any]:
-        if kwargs or await self._aruns_as_is(input):
-            chunks = routed_aiterate(self.teola_runtime(), self.chain.astream(input, config, **kwargs))
-            async with aclosing(chunks):  # closing this stream closes the chain's at once
-                async for chunk in chunks:
-                    yield chunk
-            return
-
+    def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         async def single() -> AsyncIterator[Any]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(single(), self._astream_chunks,
-                                                               self._bound_config(config)):
-            yield chunk
+        return self._chain_or_own(
+            lambda: _true() if kwargs else self._aruns_as_is(input),
+            lambda: self.chain.astream(input, config, **kwargs),
+            lambda: self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config)))
 
     def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         """A chain that runs as it is consumes its input stream itself (a passthrough streams
@@ -328,37 +317,35 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             return
         yield from super().transform(input, config, **kwargs)
 
-    async def atransform(self, input: AsyncIterator[Any], config: RunnableConfig | None = None,
-                         **kwargs: Any) -> AsyncIterator[Any]:
-        if await asyncio.to_thread(self._streams_as_is):
-            items = routed_aiterate(self.teola_runtime(), self.chain.atransform(input, config, **kwargs))
-        else:
-            items = super().atransform(input, config, **kwargs)
-        async with aclosing(items):  # closing this stream closes the chain's at once
-            async for chunk in items:
-                yield chunk
+    def atransform(self, input: AsyncIterator[Any], config: RunnableConfig | None = None,
+                   **kwargs: Any) -> AsyncIterator[Any]:
+        return self._chain_or_own(lambda: asyncio.to_thread(self._streams_as_is),
+                                  lambda: self.chain.atransform(input, config, **kwargs),
+                                  lambda: super(TeolaRunnable, self).atransform(input, config, **kwargs))
 
     # The event and log streams of a chain that runs as it is are its own (same runs, same
     # names); otherwise LangChain builds them from this runnable's ``astream``.
-    async def astream_events(self, input: Any, config: RunnableConfig | None = None,
-                             **kwargs: Any) -> AsyncIterator[Any]:
-        if await self._aruns_as_is(input):
-            events = routed_aiterate(self.teola_runtime(), self.chain.astream_events(input, config, **kwargs))
-        else:
-            events = super().astream_events(input, config, **kwargs)
-        async with aclosing(events):  # closing this stream closes the chain's at once
-            async for event in events:
-                yield event
+    def astream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._chain_or_own(lambda: self._aruns_as_is(input),
+                                  lambda: self.chain.astream_events(input, config, **kwargs),
+                                  lambda: super(TeolaRunnable, self).astream_events(input, config, **kwargs))
 
-    async def astream_log(self, input: Any, config: RunnableConfig | None = None,
-                          **kwargs: Any) -> AsyncIterator[Any]:
-        if await self._aruns_as_is(input):
-            patches = routed_aiterate(self.teola_runtime(), self.chain.astream_log(input, config, **kwargs))
-        else:
-            patches = super().astream_log(input, config, **kwargs)
-        async with aclosing(patches):  # closing this stream closes the chain's at once
-            async for patch in patches:
-                yield patch
+    def astream_log(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._chain_or_own(lambda: self._aruns_as_is(input),
+                                  lambda: self.chain.astream_log(input, config, **kwargs),
+                                  lambda: super(TeolaRunnable, self).astream_log(input, config, **kwargs))
+
+    async def _chain_or_own(self, runs_as_is: Callable[[], Awaitable[bool]],
+                            chain_items: Callable[[], AsyncIterator[Any]],
+                            own_items: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        """An async stream: the chain's own (its model-server calls routed) when it runs as it
+        is, else this runnable's. Returned, not wrapped, by the public methods, so closing the
+        caller's stream closes the chain's at once (breaking out of ``astream_events`` cancels
+        its steps, as plain)."""
+        items = routed_aiterate(self.teola_runtime(), chain_items()) if await runs_as_is() else own_items()
+        async with aclosing(items):
+            async for item in items:
+                yield item
 
     def _stream_split(self) -> StreamSplit | None:
         """Where a stream leaves the graph for the chain's own ``transform`` (see
@@ -466,6 +453,14 @@ class _Chunks:
             yield from (AddableDict({k: output[k]}) for k in missing)
         elif not self.streamed:
             yield output
+
+
+async def _true() -> bool:
+    return True
+
+
+async def _false() -> bool:
+    return False
 
 
 def _last(items: Iterator[Any]) -> Any:
