@@ -20,12 +20,14 @@ from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackMa
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSequence
 from langchain_core.runnables.config import patch_config
 
+from ..capture.langchain.step_runs import step_tag
+
 
 @dataclass(frozen=True)
 class StreamSplit:
     head: Runnable  # the steps up to the last one that uses an engine (a graph run)
     tail: tuple[Runnable, ...]  # the steps after it, streamed by their own transform
-    first_tail_step: int  # the tail's first step number in the sequence (1-based, as ``seq:step:N``)
+    first_tail: int  # the tail's first step's index in the sequence
 
     @classmethod
     def of(cls, chain: Runnable, uses_engines: Callable[[Runnable], bool]) -> StreamSplit | None:
@@ -39,10 +41,10 @@ class StreamSplit:
             return None
         k = engine_steps[-1] + 1
         head = steps[0] if k == 1 else RunnableSequence(*steps[:k])
-        return cls(head, tuple(steps[k:]), k + 1)
+        return cls(head, tuple(steps[k:]), k)
 
     def _configs(self, config: RunnableConfig, run_manager: Any) -> Sequence[RunnableConfig]:
-        return [patch_config(config, callbacks=run_manager.get_child(f"seq:step:{self.first_tail_step + i}"))
+        return [patch_config(config, callbacks=run_manager.get_child(step_tag(self.first_tail + i)))
                 for i in range(len(self.tail))]
 
     def pipe(self, head_chunks: Iterator[Any], config: RunnableConfig,

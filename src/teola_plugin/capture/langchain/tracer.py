@@ -31,12 +31,12 @@ from typing import Any, Protocol
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive, Ref
 from ...ir.ops import Op
+from ...ir.ports import PortType
+from ...runtime.caller import as_the_caller_calls
 from ..common import NotLowerable
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
-from ...runtime.caller import as_the_caller_calls
 from .step_runs import step_config
-from ...ir.ports import PortType
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
 LoweringRule = Callable[["LangChainTracer", Any, Value], Value]

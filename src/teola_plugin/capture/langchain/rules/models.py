@@ -22,8 +22,8 @@ from ....ir.semantics import CHARS_PER_TOKEN
 from ...overrides import overridden
 from ..protocols import LLMCallSpec, LowerableLanguageModel
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
-from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from ..step_runs import step_config
+from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
 from .prompts import literal_parts
@@ -99,9 +99,8 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
                  **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced, Ref]:
     """format -> llm_prefill -> llm_decode for ``model`` on ``value`` (``bound``: the tracing
     config of a ``with_config`` binding, ``step``: its seq:step tag, for the callback run);
-    returns the decode,
-    the call spec, the reply text (after the callback report) and the reply message (the
-    model's own, from a served model's reply; else None at run time)."""
+    returns the decode, the call spec, the reply text (after the callback report) and the
+    reply message (the model's own, from a served model's reply; else None at run time)."""
     spec = call_spec(t, model, stop)
     origin = component_name(model)
     fmt, est_tokens = _prompt_format(t, value, spec, origin)

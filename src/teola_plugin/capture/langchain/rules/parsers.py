@@ -4,8 +4,9 @@ On a str or a chat reply, ``parser.invoke`` is ``parse_result([Generation(text)]
 which for these exact classes is ``parse(text)``: so the primitive reads the decoded text
 directly (no ``AIMessage`` is built) and returns what the parser returns, raising its own
 ``OutputParserException`` on bad output. When the caller's callbacks listen, it calls the
-parser's own ``invoke`` on that text, so the parser's run is reported as plain reports it. Subclasses may override ``parse_result`` and run
-unchanged; so do parsers whose input is not known to be text.
+parser's own ``invoke`` on that text, so the parser's run is reported as plain reports it.
+Subclasses may override ``parse_result`` and run unchanged; so do parsers whose input is not
+known to be text.
 """
 
 from __future__ import annotations
