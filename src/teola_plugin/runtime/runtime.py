@@ -171,13 +171,9 @@ class Runtime:
         threading.Thread(target=start, name="teola-start", daemon=True).start()
         return done
 
-    def event_loop(self) -> asyncio.AbstractEventLoop:
-        """The runtime's event loop (started on first use)."""
-        return self._ensure_loop()
-
     async def aevent_loop(self) -> asyncio.AbstractEventLoop:
-        """``event_loop()`` for async callers: a first start (Ray, seconds) runs on a thread,
-        never on the caller's event loop."""
+        """The runtime's event loop, for async callers: a first start (Ray, seconds) runs on a
+        thread, never on the caller's event loop."""
         loop = self._loop
         if loop is not None and not self._closed:
             return loop

@@ -7,14 +7,14 @@ called by the framework's own code with the request it built (tools, structured 
 streaming, stop, ``extra_body``...); structured output with a schema class
 (``ChatOpenAI.with_structured_output``) ends in ``client.chat.completions.parse``, which
 posts the same body as ``create`` and parses the reply. :func:`install` wraps those six
-methods (sync and async) once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the
-request — the same keyword arguments — is sent by the runtime's served engine for the
-client's server (``OpenAICompatibleEngine.relay``, opened through the engine scheduler), and
-the caller gets what its own client returns: the completion (or the raw response
-``with_raw_response`` asked for; for ``parse``, the SDK's own parse of the reply), or for
-``stream=True`` a stream of the server's chunks
-that iterates, closes and works as a (async) context manager like the SDK's. So the
-framework's code, callbacks and events are plain's, and the server sees the same request.
+methods (sync and async) once. Outside a routing scope (``scope.py``) they run as they are.
+Inside one, the request — the same keyword arguments — is sent by the runtime's served
+engine for the client's server (``OpenAICompatibleEngine.relay``, opened through the engine
+scheduler), and the caller gets what its own client returns: the completion (or the raw
+response ``with_raw_response`` asked for; for ``parse``, the SDK's own parse of the reply),
+or for ``stream=True`` a stream of the server's chunks that iterates, closes and works as a
+(async) context manager like the SDK's. So the framework's code, callbacks and events are
+plain's, and the server sees the same request.
 
 Left to the client itself (run as plain): a client Teola would not reproduce (its own
 ``http_client``, a timeout with several parts: ``served_models.client_endpoint``), the
@@ -166,10 +166,28 @@ class RelayedAsyncStream:
         await self.close()
 
 
-class ParsedRequest:
+class SentRequest:
+    """``create(**request)``: the request relayed as it is, the reply returned as it is."""
+
+    def __init__(self, request: Mapping[str, Any]) -> None:
+        self.create = dict(request)
+
+    @staticmethod
+    def relays(request: Mapping[str, Any]) -> bool:
+        return True
+
+    def reply(self, reply: Any) -> Any:
+        return reply
+
+
+class ParsedRequest(SentRequest):
     """``chat.completions.parse(**request)`` as the ``create`` request it posts (the same body:
     the schema class as its response-format param, ``stream`` false, parse's helper header),
     and the SDK's own parse of the reply into a ``ParsedChatCompletion``."""
+
+    @staticmethod
+    def relays(request: Mapping[str, Any]) -> bool:
+        return not request.get("stream")  # parse's own refusal of stream=True stays its own
 
     def __init__(self, request: Mapping[str, Any]) -> None:
         from openai.lib._parsing import type_to_response_format_param, validate_input_tools
@@ -209,71 +227,46 @@ class ParsedRawResponse:
         return getattr(self._raw, name)
 
 
-def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_sync(original: Callable[..., Any], request_type: type[SentRequest]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def create(self: Any, *args: Any, **request: Any) -> Any:
+    def call(self: Any, *args: Any, **request: Any) -> Any:
         route = _route(self, args, request)
-        if route is None or route[0].runtime.in_loop_thread():
+        if route is None or route[0].runtime.in_loop_thread() or not request_type.relays(request):
             return original(self, *args, **request)
         scope, engine = route
+        sent = request_type(request)
         if request.get("stream"):
-            return RelayedStream.open(scope, engine, request)
-        return scope.runtime.run_sync(_reply(scope, engine, request))
+            return RelayedStream.open(scope, engine, sent.create)
+        return sent.reply(scope.runtime.run_sync(_reply(scope, engine, sent.create)))
 
-    setattr(create, _ORIGINAL, original)
-    return create
+    setattr(call, _ORIGINAL, original)
+    return call
 
 
-def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_async(original: Callable[..., Any], request_type: type[SentRequest]) -> Callable[..., Any]:
     @functools.wraps(original)
-    async def create(self: Any, *args: Any, **request: Any) -> Any:
+    async def call(self: Any, *args: Any, **request: Any) -> Any:
         route = _route(self, args, request)
-        if route is None:
+        if route is None or not request_type.relays(request):
             return await original(self, *args, **request)
         scope, engine = route
+        sent = request_type(request)
         if request.get("stream"):
-            return await RelayedAsyncStream.open(scope, engine, request)
-        return await scope.runtime.run_async(_reply(scope, engine, request))
+            return await RelayedAsyncStream.open(scope, engine, sent.create)
+        return sent.reply(await scope.runtime.run_async(_reply(scope, engine, sent.create)))
 
-    setattr(create, _ORIGINAL, original)
-    return create
-
-
-def _wrap_parse_sync(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def parse(self: Any, *args: Any, **request: Any) -> Any:
-        route = _route(self, args, request)
-        if route is None or route[0].runtime.in_loop_thread() or request.get("stream"):
-            return original(self, *args, **request)
-        scope, engine = route
-        parsed = ParsedRequest(request)
-        return parsed.reply(scope.runtime.run_sync(_reply(scope, engine, parsed.create)))
-
-    setattr(parse, _ORIGINAL, original)
-    return parse
-
-
-def _wrap_parse_async(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def parse(self: Any, *args: Any, **request: Any) -> Any:
-        route = _route(self, args, request)
-        if route is None or request.get("stream"):
-            return await original(self, *args, **request)
-        scope, engine = route
-        parsed = ParsedRequest(request)
-        return parsed.reply(await scope.runtime.run_async(_reply(scope, engine, parsed.create)))
-
-    setattr(parse, _ORIGINAL, original)
-    return parse
+    setattr(call, _ORIGINAL, original)
+    return call
 
 
 def _methods() -> list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """(resource class, method, wrapper) of every request method routed."""
     methods = []
     for cls, is_async in _resources():
-        methods.append((cls, "create", _wrap_async if is_async else _wrap_sync))
+        wrap = _wrap_async if is_async else _wrap_sync
+        methods.append((cls, "create", functools.partial(wrap, request_type=SentRequest)))
         if "parse" in cls.__dict__:  # chat completions
-            methods.append((cls, "parse", _wrap_parse_async if is_async else _wrap_parse_sync))
+            methods.append((cls, "parse", functools.partial(wrap, request_type=ParsedRequest)))
     return methods
 
 
