@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from teola_plugin.ir import app_graphs  # noqa: E402
+from teola_plugin.capture import app_graphs  # noqa: E402
+from teola_plugin.capture.module_order import ModuleOrder  # noqa: E402
 from teola_plugin.ir.graph import PGraph  # noqa: E402
 from teola_plugin.ir.ports import PortType  # noqa: E402
 from teola_plugin.optimizer import CostModel, PassContext, PassManager  # noqa: E402
@@ -49,12 +50,12 @@ def many_apps(target: int) -> PGraph:
 def shared_index(target: int) -> PGraph:
     g = PGraph(f"shared_{target}")
     docs, index = g.input("docs", PortType.DOCS), g.input("index", PortType.INDEX)
-    first = app_graphs.Tracer(g)
+    first = ModuleOrder(g)
     index = app_graphs.add_ingestion(first, docs, index, n_docs=max(10, target // 4))
     i = 0
     while len(g) < target:
-        t = app_graphs.Tracer(g)
-        t.last = first.last  # each query was issued after the ingestion call returned
+        t = ModuleOrder(g)
+        t.frontier = first.frontier  # each query was issued after the ingestion call returned
         question = g.input(f"q{i}", PortType.TEXT)
         hits = app_graphs.add_retrieval(t, question, index, top_k=5)
         g.output(f"answer{i}", app_graphs.add_synthesis(t, question, hits, 5))

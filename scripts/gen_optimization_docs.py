@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from teola_plugin.ir import PGraph, Ref  # noqa: E402
-from teola_plugin.ir import app_graphs as apps  # noqa: E402
+from teola_plugin.capture import app_graphs as apps  # noqa: E402
 from teola_plugin.ir.history import describe  # noqa: E402
 from teola_plugin.optimizer import DEFAULT_ORDER, CostModel, PassManager, optimize  # noqa: E402
 

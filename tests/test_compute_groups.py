@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from teola_plugin.ir.app_graphs import naive_rag
+from teola_plugin.capture.app_graphs import naive_rag
 from teola_plugin.ir.ops import Op
 from teola_plugin.optimizer import PassManager
 from teola_plugin.runtime.compute_groups import HOST_CPU, compute_groups

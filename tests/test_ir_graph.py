@@ -9,7 +9,7 @@ import pytest
 
 from teola_plugin.errors import GraphValidationError
 from teola_plugin.ir import OPS, Op, PGraph, PortType, Ref, compatible
-from teola_plugin.ir.app_graphs import naive_rag
+from teola_plugin.capture.app_graphs import naive_rag
 
 
 def small_graph() -> PGraph:

@@ -7,7 +7,7 @@ import pytest
 
 from teola_plugin.ir import Interpreter, Op, PGraph, PortType, Ref
 from teola_plugin.ir import semantics
-from teola_plugin.ir.app_graphs import advanced_rag, naive_rag, search_augmented
+from teola_plugin.capture.app_graphs import advanced_rag, naive_rag, search_augmented
 from teola_plugin.ir.testing import ToyEngines, ToyHit
 
 DOCS = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 13}" for j in range(8)) for i in range(12)]

@@ -97,7 +97,7 @@ PROFILE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "engine_
 
 @pytest.mark.skipif(not PROFILE.exists(), reason="no measured engine profile checked in")
 def test_the_measured_engine_profile_loads_and_drives_the_optimizer():
-    from teola_plugin.ir.app_graphs import advanced_rag
+    from teola_plugin.capture.app_graphs import advanced_rag
     from teola_plugin.optimizer import optimize
 
     measured = CostModel.from_file(PROFILE)

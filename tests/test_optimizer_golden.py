@@ -8,8 +8,9 @@ import pytest
 
 from teola_plugin.errors import ConfigError, GraphValidationError
 from teola_plugin.ir import Op, PGraph, PortType, Ref
-from teola_plugin.ir.app_graphs import (QA_TEMPLATE, Tracer, add_ingestion, add_retrieval, advanced_rag,
-                                        naive_rag, search_augmented)
+from teola_plugin.capture.app_graphs import (QA_TEMPLATE, add_ingestion, add_retrieval, advanced_rag,
+                                             naive_rag, search_augmented)
+from teola_plugin.capture.module_order import ModuleOrder
 from teola_plugin.ir.testing import ToyEngines
 from teola_plugin.optimizer import CostModel, PassManager, available_passes, optimize
 from teola_plugin.optimizer.passes import DEFAULT_ORDER, Pass
@@ -57,7 +58,7 @@ def test_prune_keeps_side_effects_in_order_through_pure_nodes():
 def test_prune_keeps_a_search_before_a_later_insert_into_the_same_index():
     g = PGraph()
     question, docs = g.input("question", PortType.TEXT), g.input("docs", PortType.DOCS)
-    t = Tracer(g)
+    t = ModuleOrder(g)
     before = add_retrieval(t, question, g.input("index", PortType.INDEX), top_k=3)
     add_ingestion(t, docs, Ref("input", "index"), n_docs=10)  # chat memory: then store
     g.output("hits", before)
@@ -71,8 +72,8 @@ def test_prune_keeps_a_search_before_a_later_insert_into_the_same_index():
 # -- common subexpressions -----------------------------------------------------------------
 def test_cse_merges_the_same_question_embedded_twice():
     g = naive_rag()
-    t = Tracer(g)
-    t.last = "llm_decode"
+    t = ModuleOrder(g)
+    t.frontier = frozenset({"llm_decode"})
     second = add_retrieval(t, Ref("input", "question"), Ref("vector_insert", "index"), top_k=2)
     g.output("more_sources", second)
     assert len(by_op(g, Op.EMBED)) == 3

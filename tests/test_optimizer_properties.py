@@ -19,8 +19,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from teola_plugin.ir import Op, PGraph, PortType, Ref
-from teola_plugin.ir.app_graphs import (Tracer, add_expanded_retrieval, add_ingestion, add_llm_call,
-                                        add_rerank, add_retrieval, add_synthesis, add_web_search)
+from teola_plugin.capture.app_graphs import (add_expanded_retrieval, add_ingestion, add_llm_call,
+                                             add_rerank, add_retrieval, add_synthesis, add_web_search)
+from teola_plugin.capture.module_order import ModuleOrder
 from teola_plugin.ir.testing import ToyEngines
 from teola_plugin.optimizer import CostModel, PassManager
 from teola_plugin.optimizer.passes import DEFAULT_ORDER
@@ -43,12 +44,12 @@ def applications(draw) -> PGraph:
     question = g.input("question", PortType.TEXT)
     docs = g.input("docs", PortType.DOCS)
     index = g.input("index", PortType.INDEX)
-    t = Tracer(g)
+    t = ModuleOrder(g)
     hits: list[Ref] = []
     outputs = 0
     for k, module in enumerate(draw(st.lists(st.sampled_from(MODULES), min_size=1, max_size=7))):
         if draw(st.integers(0, 3)) == 0:
-            t.last = None  # a module the framework did not order after the previous one
+            t.frontier = frozenset()  # a module the framework did not order after the previous one
         if module == "ingest":
             index = add_ingestion(t, docs, index, n_docs=draw(st.sampled_from([1, 12, 40, 300])))
         elif module == "callbacks":  # two side effects whose order only a kept wait preserves

@@ -11,7 +11,7 @@ import pytest
 
 from teola_plugin import datasets
 from teola_plugin.errors import QueryTimeoutError
-from teola_plugin.ir import app_graphs
+from teola_plugin.capture import app_graphs
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
 from teola_plugin.optimizer import optimize
@@ -195,7 +195,7 @@ def test_a_killed_engine_actor_restarts_and_in_flight_reads_are_retried(runtime,
 
 
 def test_dynamic_expansion_runs_a_sub_graph_sized_by_the_data(runtime, call):
-    from teola_plugin.runtime.handlers import Expansion
+    from teola_plugin.ir.expansion import Expansion
 
     def per_hit_chain(hits):
         """Data-dependent shape (like refine over N chunks): one embed per retrieved hit."""

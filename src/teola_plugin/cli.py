@@ -89,7 +89,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .ir import app_graphs
+    from .capture import app_graphs
     from .ir.picture import to_png
     from .optimizer import CostModel, optimize
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="start over, discarding an unfinished run's checkpoint")
     p.set_defaults(fn=_bench)
 
-    from .ir.app_graphs import APPS
+    from .capture.app_graphs import APPS
 
     p = sub.add_parser("graph", help="the primitive graph of an app before and after optimization",
                        description="Writes the primitive graph of one of the paper's apps before and after "

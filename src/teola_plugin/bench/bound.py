@@ -21,7 +21,8 @@ from typing import Any
 
 from ..ir.analysis import critical_path
 from ..ir.ops import Op
-from ..runtime.handlers import Expansion, PrimitiveHandlers
+from ..ir.expansion import Expansion
+from ..runtime.handlers import PrimitiveHandlers
 
 
 @dataclass

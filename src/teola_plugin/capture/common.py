@@ -2,11 +2,44 @@
 
 ``NotLowerable``: the one way a lowering rule declines. Raised before the rule emits
 anything, it makes the component run unchanged as one opaque step; its message is the
-reason ``explain()`` gives.
+reason ``explain()`` gives. ``ComponentNote``: one line of that explanation. ``Trace``:
+what tracing one app produces, a graph and its notes; each framework's trace adds what
+it needs to feed and read the graph.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from ..ir.graph import PGraph
+
 
 class NotLowerable(Exception):
     """A rule cannot lower this component instance: it runs unchanged, for the message's reason."""
+
+
+@dataclass(frozen=True)
+class ComponentNote:
+    """One line of explain(): a component that stayed opaque, one that expands at run time,
+    or how an index stored its documents."""
+
+    node: str
+    component: str
+    kind: str  # "opaque", "expands" or "ingestion"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.component}): {self.reason}"
+
+
+@dataclass
+class Trace:
+    """A traced app: its graph, and what explain() says about its components."""
+
+    graph: PGraph
+    notes: list[ComponentNote] = field(default_factory=list, kw_only=True)
+
+    @property
+    def opaque(self) -> list[ComponentNote]:
+        """The components that run unchanged, as one opaque step each."""
+        return [n for n in self.notes if n.kind == "opaque"]

@@ -24,16 +24,16 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
-from .common import NotLowerable  # noqa: F401  (the rules import it from here too)
+from .common import ComponentNote, NotLowerable, Trace  # noqa: F401  (the rules import NotLowerable from here too)
 from ..engines.base import Engine
 from ..runtime.caller import as_the_caller_calls
-from ..ir.app_graphs import Tracer
 from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+from .module_order import ModuleOrder
 from .opaque_warnings import OpaqueWarnings
 from .overrides import overridden
 
@@ -104,43 +104,7 @@ def component_call(component: Any, fn: Callable[..., Any],
     return call
 
 
-# -- components served by the runtime's engines -------------------------------------------------
-@runtime_checkable
-class EngineBackedLLM(Protocol):
-    """An LLM whose requests the tracer can send to a runtime engine itself (TeolaLLM)."""
-
-    engine_name: str
-    runtime: Any
-    max_tokens: int
-    output_parser: Any
-
-    def engine_prompt(self, template: Any, /, **prompt_args: Any) -> Any: ...
-    def sampling_params(self, **overrides: Any) -> dict[str, Any]: ...
-    def parse_output(self, text: str) -> str: ...
-
-
-@runtime_checkable
-class EngineBackedEmbedding(Protocol):
-    """An embedding model served by a runtime engine (TeolaEmbedding)."""
-
-    engine_name: str
-    runtime: Any
-
-
 # -- what a trace produces ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class ComponentNote:
-    """One line of explain(): a component that stayed opaque, or one that expands at run time."""
-
-    node: str
-    component: str
-    kind: str  # "opaque", "expands" or "ingestion" (how an index stored its documents)
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.node} ({self.component}): {self.reason}"
-
-
 @dataclass
 class TraceContext:
     """What lowering may assume. ``runtime`` is compared by identity only: components bound
@@ -156,12 +120,12 @@ class TraceContext:
 
 
 @dataclass
-class TracedApp:
-    graph: PGraph
+class TracedApp(Trace):
+    """A LlamaIndex trace: the graph of one query on ``target``, and how to feed it."""
+
     target: Any
     bound_inputs: dict[str, Any] = field(default_factory=dict)  # values fixed at trace time
     local_engines: dict[str, Engine] = field(default_factory=dict)  # wrap the user's own objects
-    notes: list[ComponentNote] = field(default_factory=list)
     # Set when synthesis streams: the graph outputs the nodes, then this builds the calls.
     streaming_synthesis: Any = None
     # Pending document ingestion this trace saw (capture/llama_index_ingest.py: Join).
@@ -173,10 +137,6 @@ class TracedApp:
         if "embedding_strs" in self.graph.inputs:  # no embedding call when the caller gave one
             values["embedding_strs"] = list(query.embedding_strs) if query.embedding is None else []
         return values
-
-    @property
-    def opaque(self) -> list[ComponentNote]:
-        return [n for n in self.notes if n.kind == "opaque"]
 
 
 # -- the rule registries ----------------------------------------------------------------------
@@ -205,23 +165,23 @@ def lowering_rule(registry: dict[type, C], *types: type) -> Callable[[C], C]:
 # -- the tracer ---------------------------------------------------------------------------------
 class LlamaIndexTracer:
     """Builds one graph; rules call its helpers. Every primitive waits on the one emitted
-    before it (module order), as ``ir.app_graphs.Tracer`` records it."""
+    before it (``ModuleOrder``)."""
 
     def __init__(self, ctx: TraceContext, name: str) -> None:
         self.ctx = ctx
         self.graph = PGraph(name)
-        self.t = Tracer(self.graph)
+        self.order = ModuleOrder(self.graph)
         self.query = self.graph.input("query", PortType.VALUE)  # the QueryBundle
         self.traced = TracedApp(self.graph, None)
 
     # -- helpers for rules -----------------------------------------------------------------
     def add(self, op: Op, **kwargs: Any) -> Primitive:
-        return self.t.add(op, **kwargs)
+        return self.order.add(op, **kwargs)
 
     def cpu_step(self, name: str, fn: Callable[..., Any], inputs: Mapping[str, Ref], origin: str, *,
                  pure: bool = True, **attrs: Any) -> Ref:
         """Framework code run as-is on the CPU (a lowering's glue; no engine to schedule)."""
-        prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
+        prim = self.order.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
                           attrs={"fn": framework_call(fn), "pure": pure, **attrs}, origin=origin)
         return prim.out()
 
@@ -230,7 +190,7 @@ class LlamaIndexTracer:
         """A component left as it is: one impure primitive calling its own method, ``fn``, or
         under an async query its async method, ``afn`` (the query engines and retrievers it
         calls in turn are still run by the executor)."""
-        prim = self.t.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
+        prim = self.order.add(Op.OPAQUE, name=self.graph.unique_name(name), inputs=dict(inputs),
                           attrs={"fn": component_call(component, fn, afn), "pure": False},
                           origin=type(component).__name__)
         ref = prim.out()

@@ -37,22 +37,24 @@ from .llama_index import (
     NotLowerable,
     lowering_rule,
 )
-from .llama_index_models import embedder_engine_for, engine_llm
+from .llama_index_models import embedder_engine_for, llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
+from .llm_calls import emit_llm_call
+from .lowerable import LLMCallSpec
 
 
 @lowering_rule(RETRIEVER_RULES, QueryFusionRetriever)
 def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Ref:
     origin = type(fusion).__name__
     generates = fusion.num_queries > 1
-    llm = engine_llm(tr.ctx.runtime, fusion._llm) if generates else None
+    spec = llm_call_spec(tr.ctx.runtime, fusion._llm) if generates else None
 
     inputs: dict[str, Ref] = {"query": tr.query}
     for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers
         inputs[f"original{i}"] = tr.lower_retriever(retriever)
     streamed: set[int] = set()
     if generates:
-        text, items = _generate_queries(tr, fusion, llm, origin)
+        text, items = _generate_queries(tr, fusion, spec, origin)
         inputs["text"] = text
         for i, retriever in enumerate(fusion._retrievers):
             hits = _search_items(tr, retriever, items, fusion.num_queries - 1)
@@ -63,18 +65,17 @@ def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Re
     return tr.cpu_step("fuse", fuse, inputs, origin, pure=not fusion.object_map)
 
 
-def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, llm: Any, origin: str) -> tuple[Ref, Ref]:
-    """``_get_queries``'s LLM call: (decoded text, its stripped non-blank lines)."""
+def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: LLMCallSpec,
+                      origin: str) -> tuple[Ref, Ref]:
+    """``_get_queries``'s LLM call (``complete``): (decoded text, its stripped non-blank lines)."""
     def prompt(query: QueryBundle) -> Any:
         text = fusion.query_gen_prompt.format(num_queries=fusion.num_queries - 1, query=query.query_str)
-        return llm.completion_prompt(text)
+        return spec.to_completion_prompt(text)
 
     request = tr.cpu_step("query_gen_prompt", prompt, {"query": tr.query}, origin)
-    prefill = tr.add(Op.LLM_PREFILL, inputs={"prompt": request}, engine=llm.engine_name, origin=origin,
-                     attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
-                            "est_prompt_tokens": len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16})
-    decode = tr.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
-                    attrs={"max_tokens": llm.max_tokens, "parse": "lines", "est_items": fusion.num_queries - 1})
+    est_tokens = len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16
+    decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
+                           est_items=fusion.num_queries - 1)
     return decode.out("text"), decode.out("items")
 
 

@@ -66,9 +66,8 @@ class LLMEvents:
         self.__qualname__ = f"llm_events[{type(llm).__name__}]"
 
     @classmethod
-    def of(cls, requests: Any, template: Any, prompt_args: dict[str, Any]) -> LLMEvents | None:
+    def of(cls, llm: Any, template: Any, prompt_args: dict[str, Any]) -> LLMEvents | None:
         """None when nobody listens (then nothing is added to the graph)."""
-        llm = getattr(requests, "llm", requests)  # a served / Vllm request builder's own LLM
         return cls(llm, template, prompt_args) if _listened(llm) else None
 
     def _model_dict(self) -> dict[str, Any]:

@@ -21,37 +21,23 @@ from typing import Any
 from llama_index.core.indices.list.retrievers import SummaryIndexRetriever
 
 from ..ir.node import Ref
-from .llama_index import RETRIEVER_RULES, EngineBackedEmbedding, LlamaIndexTracer, lowering_rule
+from .llama_index import RETRIEVER_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .embedder_identity import embedder_serving
 from .llama_index_served import ServedRequests, is_served_llm
-from .overrides import overridden
+from .lowerable import LLMCallSpec, LowerableEmbedding, LowerableLLM
+from .overrides import overridden_lowered_calls
 from .vllm_identity import engine_serving, served_models
-
-
-# What a lowered call replaces: the graph asks the engine directly, so a subclass of the
-# plugin's model that overrides one of these (and so changes what plain LlamaIndex computes)
-# keeps its own code. The engine-call hooks (``_engine_generate`` / ``_engine_stream``) are
-# left out on purpose: the graph never calls them, so a subclass overriding them (the tests
-# record plain requests that way) is still lowered, and what they would change is not run.
-_LLM_CALLS = ("predict", "apredict", "stream", "astream", "complete", "acomplete", "stream_complete",
-              "astream_complete", "chat", "achat", "stream_chat", "astream_chat", "_completion_prompt")
-_EMBEDDING_CALLS = ("get_query_embedding", "aget_query_embedding", "_get_query_embedding", "_aget_query_embedding",
-                    "get_text_embedding", "aget_text_embedding", "_get_text_embedding", "_aget_text_embedding",
-                    "_get_text_embeddings", "_aget_text_embeddings", "get_text_embedding_batch",
-                    "aget_text_embedding_batch")
 
 
 def embedder_engine_for(runtime: Any, embed_model: Any) -> tuple[str | None, str]:
     """(engine name, "") when ``runtime``'s engine computes ``embed_model``'s vectors, else (None, why)."""
-    if isinstance(embed_model, EngineBackedEmbedding):
+    if isinstance(embed_model, LowerableEmbedding):
         if getattr(embed_model, "runtime", None) is not runtime:
             return None, f"{type(embed_model).__name__} is bound to another runtime"
-        from ..llama_index.embedding import TeolaEmbedding
-
-        changed = overridden(embed_model, TeolaEmbedding, _EMBEDDING_CALLS)
+        changed = overridden_lowered_calls(embed_model)
         if changed:
             return None, f"{type(embed_model).__name__} overrides {', '.join(changed)}: its own code runs"
-        return embed_model.engine_name, ""
+        return embed_model.teola_embedder_engine(), ""
     if type(embed_model).__name__ == "HuggingFaceEmbedding":
         return _huggingface_engine(runtime, embed_model)
     return None, f"{type(embed_model).__name__} is not served by a Teola engine (use TeolaEmbedding)"
@@ -89,26 +75,22 @@ def lower_summary_index_retriever(tr: LlamaIndexTracer, retriever: SummaryIndexR
 
 
 # -- LLMs --------------------------------------------------------------------------------------
-def engine_llm(runtime: Any, llm: Any) -> Any:
-    """What sends ``llm``'s requests to a runtime engine (an ``EngineBackedLLM``), or raise
-    ``NotLowerable`` saying why it cannot."""
+def llm_call_spec(runtime: Any, llm: Any) -> LLMCallSpec:
+    """How ``llm``'s calls run on one of ``runtime``'s engines, or raise ``NotLowerable``
+    saying why they cannot."""
     from llama_index.core.llms.structured_llm import StructuredLLM
 
-    from .llama_index import EngineBackedLLM, NotLowerable
-
-    if isinstance(llm, EngineBackedLLM) and not isinstance(llm, StructuredLLM):
+    if isinstance(llm, LowerableLLM) and not isinstance(llm, StructuredLLM):
         if getattr(llm, "runtime", None) is not runtime:
             raise NotLowerable(f"its LLM {type(llm).__name__} is bound to another runtime")
-        from ..llama_index.llm import TeolaLLM
-
-        changed = overridden(llm, TeolaLLM, _LLM_CALLS)
+        changed = overridden_lowered_calls(llm)
         if changed:
             raise NotLowerable(f"its LLM {type(llm).__name__} overrides {', '.join(changed)} (its own code runs)")
-        return llm
+        return llm.teola_call_spec()
     if type(llm).__name__ == "Vllm" and type(llm).__module__.startswith("llama_index.llms.vllm"):
-        return VllmRequests.for_runtime(runtime, llm)
+        return VllmRequests.for_runtime(runtime, llm).call_spec()
     if is_served_llm(llm):
-        return ServedRequests.for_runtime(runtime, llm)
+        return ServedRequests.for_runtime(runtime, llm).call_spec()
     raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (TeolaLLM, Vllm, "
                        "OpenAI / OpenAILike are)")
 
@@ -127,17 +109,12 @@ class VllmRequests:
     ``Vllm`` itself would generate from: ``predict`` formats the prompt (``_get_prompt``; a
     completion model) and ``complete`` sends it unchanged with ``_model_kwargs``."""
 
-    def __init__(self, runtime: Any, llm: Any, engine: str) -> None:
-        self.runtime = runtime
+    def __init__(self, llm: Any, engine: str) -> None:
         self.llm = llm
-        self.engine_name = engine
-        self.max_tokens = llm.max_new_tokens
-        self.output_parser = llm.output_parser
+        self.engine = engine
 
     @classmethod
     def for_runtime(cls, runtime: Any, llm: Any) -> VllmRequests:
-        from .llama_index import NotLowerable
-
         if llm.is_chat_model:
             raise NotLowerable("Vllm with is_chat_model=True is not lowered")
         changed = sorted(k for k, v in _VLLM_DEFAULTS.items() if getattr(llm, k, v) != v)
@@ -147,7 +124,7 @@ class VllmRequests:
                                    getattr(llm, "vllm_kwargs", None))
         if name is None:
             raise NotLowerable(why)
-        return cls(runtime, llm, name)
+        return cls(llm, name)
 
     def sampling_params(self, **overrides: Any) -> dict[str, Any]:
         llm = self.llm
@@ -163,3 +140,8 @@ class VllmRequests:
 
     def parse_output(self, text: str) -> str:
         return self.llm._parse_output(text)
+
+    def call_spec(self) -> LLMCallSpec:
+        return LLMCallSpec(self.engine, self.engine_prompt, self.sampling_params(), max_tokens=self.llm.max_new_tokens,
+                           to_completion_prompt=self.completion_prompt,
+                           parse_output=None if self.llm.output_parser is None else self.parse_output)

@@ -43,17 +43,17 @@ from ..engines.reranker import Reranker
 from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index import POSTPROCESSOR_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
-from .llama_index_models import engine_llm
+from .llama_index_models import llm_call_spec
 from .llama_index_synthesis import cpu_step, llm_call
+from .lowerable import LLMCallSpec
 from .vllm_identity import same_model
 
 
 @lowering_rule(POSTPROCESSOR_RULES, LLMRerank)
 def lower_llm_rerank(tr: LlamaIndexTracer, rerank: LLMRerank, nodes: Ref) -> Ref:
-    requests = engine_llm(tr.ctx.runtime, rerank.llm)
-    planner = LLMRerankPlanner(rerank, requests, tr.ctx.prepare_expansion)
+    planner = LLMRerankPlanner(rerank, llm_call_spec(tr.ctx.runtime, rerank.llm), tr.ctx.prepare_expansion)
     ref = tr.cpu_step("llm_rerank", planner, {"nodes": nodes, "query": tr.query}, type(rerank).__name__, pure=False)
     tr.note(ref.node, rerank, "expands", "expands at run time into one independent prompt -> llm_prefill -> "
             f"llm_decode chain per batch of {rerank.choice_batch_size} nodes, then LLMRerank's own parse and sort")
@@ -63,9 +63,9 @@ def lower_llm_rerank(tr: LlamaIndexTracer, rerank: LLMRerank, nodes: Ref) -> Ref
 class LLMRerankPlanner:
     """The ``llm_rerank`` primitive's function: (nodes, query) -> Expansion -> reranked nodes."""
 
-    def __init__(self, rerank: LLMRerank, requests: Any, prepare: Any) -> None:
+    def __init__(self, rerank: LLMRerank, spec: LLMCallSpec, prepare: Any) -> None:
         self.rerank = rerank
-        self.requests = requests  # builds the engine requests of rerank.llm
+        self.spec = spec  # how rerank.llm's calls run on an engine
         self.prepare = prepare
         self.__qualname__ = "llm_rerank[LLMRerank]"
 
@@ -75,7 +75,7 @@ class LLMRerankPlanner:
             return rerank.postprocess_nodes(nodes, query_bundle=query)
         origin = type(rerank).__name__
         graph = PGraph(origin)
-        answers = [llm_call(graph, self.requests, rerank.choice_select_prompt,
+        answers = [llm_call(graph, rerank.llm, self.spec, rerank.choice_select_prompt,
                             rerank._get_predict_kwargs(batch, query.query_str), origin)
                    for batch in rerank._get_node_batches(nodes)]
 

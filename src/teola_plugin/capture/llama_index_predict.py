@@ -15,16 +15,18 @@ from llama_index.core.schema import QueryBundle
 
 from ..ir.graph import PGraph
 from ..ir.ops import Op
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index_synthesis import llm_call
+from .lowerable import LLMCallSpec
 
 
 class PredictAndParse:
     """(query) -> Expansion whose output is ``parse(llm.predict(prompt, **args(query)))``."""
 
-    def __init__(self, requests: Any, prompt: Any, args: Callable[[QueryBundle], dict[str, Any]],
+    def __init__(self, llm: Any, spec: LLMCallSpec, prompt: Any, args: Callable[[QueryBundle], dict[str, Any]],
                  parse: Callable[[str], Any], origin: str, prepare: Callable[[PGraph], PGraph]) -> None:
-        self.requests = requests  # the tracer's EngineBackedLLM for the component's LLM
+        self.llm = llm  # the component's LLM
+        self.spec = spec  # how its calls run on an engine
         self.prompt = prompt
         self.args = args
         self.parse = parse
@@ -33,11 +35,11 @@ class PredictAndParse:
         self.__qualname__ = f"predict[{origin}]"
 
     def describe(self) -> str:
-        return f"expands at run time into one prompt -> llm_prefill -> llm_decode chain on {self.requests.engine_name}"
+        return f"expands at run time into one prompt -> llm_prefill -> llm_decode chain on {self.spec.engine}"
 
     def __call__(self, query: QueryBundle) -> Expansion:
         graph = PGraph(f"{self.origin}_predict")
-        text = llm_call(graph, self.requests, self.prompt, self.args(query), self.origin)
+        text = llm_call(graph, self.llm, self.spec, self.prompt, self.args(query), self.origin)
         parsed = graph.add(Op.OPAQUE, name="parse", inputs={"text": text}, origin=self.origin,
                            attrs={"fn": self.parse, "pure": True})
         graph.output("out", parsed.out())

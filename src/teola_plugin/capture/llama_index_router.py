@@ -34,10 +34,10 @@ from llama_index.core.utils import print_text
 from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index import (QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, component_call,
                           framework_passthrough, lowering_rule)
-from .llama_index_models import engine_llm
+from .llama_index_models import llm_call_spec
 from .llama_index_predict import PredictAndParse
 from .llama_index_rules import synthesis_planner
 from .llama_index_tools import EngineGraphs, run_all
@@ -68,7 +68,7 @@ def _selection(tr: LlamaIndexTracer, router: RouterQueryEngine, origin: str) -> 
     selector, choices = router._selector, router._metadatas
     if type(selector) in (LLMSingleSelector, LLMMultiSelector):
         try:
-            requests = engine_llm(tr.ctx.runtime, selector._llm)
+            spec = llm_call_spec(tr.ctx.runtime, selector._llm)
         except NotLowerable as exc:
             why = f"selection: {exc}"
         else:
@@ -76,7 +76,7 @@ def _selection(tr: LlamaIndexTracer, router: RouterQueryEngine, origin: str) -> 
             if isinstance(selector, LLMMultiSelector):
                 args["max_outputs"] = selector._max_outputs or len(choices)
             prompt = selector._prompt
-            step = PredictAndParse(requests, prompt, lambda query: {**args, "query_str": query.query_str},
+            step = PredictAndParse(selector._llm, spec, prompt, lambda query: {**args, "query_str": query.query_str},
                                    lambda text: _structured_output_to_selector_result(prompt.output_parser.parse(text)),
                                    type(selector).__name__, tr.ctx.prepare_expansion)
             ref = tr.cpu_step("select", step, {"query": tr.query}, origin, pure=False)

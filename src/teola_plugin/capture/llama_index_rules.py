@@ -50,8 +50,9 @@ from .llama_index import (
     lowering_rule,
 )
 from .llama_index_ingest import join_pending
-from .llama_index_models import engine_llm
+from .llama_index_models import llm_call_spec
 from .llama_index_synthesis import SynthesisPlanner
+from .lowerable import LowerableLLM
 
 # Stores whose query result depends on the query embedding alone in the default mode: the
 # search request carries vectors, not the query string.
@@ -137,8 +138,10 @@ def synthesis_planner(ctx: TraceContext, synthesizer: Any) -> SynthesisPlanner:
     if type(synthesizer) not in SYNTHESIZER_RULES:
         raise NotLowerable(f"no lowering rule for the response synthesizer {type(synthesizer).__name__}")
     llm = synthesizer._llm
-    requests = engine_llm(ctx.runtime, llm)
-    if requests is not llm and synthesizer._streaming and not getattr(requests, "streamed_request", None):
+    spec = llm_call_spec(ctx.runtime, llm)
+    # The plugin's own model streams engine tokens; a framework model's lowered call streams
+    # only when its own streaming request is known (a served model's ``stream=True``).
+    if not isinstance(llm, LowerableLLM) and synthesizer._streaming and not spec.streamed_request:
         raise NotLowerable(f"{type(llm).__name__} cannot stream in LlamaIndex (its own code runs)")
     for flag, what in ((synthesizer._multimodal, "multimodal"),
                        (getattr(synthesizer, "_output_cls", None), "output_cls"),
@@ -147,9 +150,8 @@ def synthesis_planner(ctx: TraceContext, synthesizer: Any) -> SynthesisPlanner:
             raise NotLowerable(f"{what} synthesis is not lowered yet")
     if isinstance(synthesizer, Accumulate) and synthesizer._streaming:
         raise NotLowerable("Accumulate cannot stream (LlamaIndex raises ValueError; its own code runs)")
-    parsers = [getattr(requests, "output_parser", None)] + [
-        getattr(p, "output_parser", None) for p in synthesizer.get_prompts().values()]
+    parsers = [spec.parse_output] + [getattr(p, "output_parser", None) for p in synthesizer.get_prompts().values()]
     if synthesizer._streaming and any(p is not None for p in parsers):
         raise NotLowerable("streaming with an output parser (LlamaIndex raises NotImplementedError; its own "
                            "code runs)")
-    return SynthesisPlanner(synthesizer, llm, ctx.prepare_expansion, requests)
+    return SynthesisPlanner(synthesizer, llm, spec, ctx.prepare_expansion)

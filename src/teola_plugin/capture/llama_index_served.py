@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .served_models import DEFAULT_MAX_TOKENS, UnreproducibleClient, installed_classes, server_endpoint
+from .common import NotLowerable
+from .lowerable import DEFAULT_MAX_TOKENS, LLMCallSpec
+from .served_models import UnreproducibleClient, installed_classes, server_endpoint
 
 
 def is_served_llm(llm: Any) -> bool:
@@ -23,21 +25,15 @@ def is_served_llm(llm: Any) -> bool:
 
 
 class ServedRequests:
-    """The engine requests of one LlamaIndex ``OpenAI`` / ``OpenAILike`` object (the
-    tracer's ``EngineBackedLLM``: prompt, sampling parameters, output parsing)."""
+    """The engine requests of one LlamaIndex ``OpenAI`` / ``OpenAILike`` object (prompt,
+    sampling parameters, output parsing: its ``LLMCallSpec``)."""
 
-    def __init__(self, runtime: Any, llm: Any, engine: str) -> None:
-        self.runtime = runtime
+    def __init__(self, llm: Any, engine: str) -> None:
         self.llm = llm
-        self.engine_name = engine
-        self.max_tokens = llm.max_tokens or DEFAULT_MAX_TOKENS
-        self.output_parser = llm.output_parser
-        self.streamed_request = {"stream": True}  # what its stream_chat / stream_complete change
+        self.engine = engine
 
     @classmethod
     def for_runtime(cls, runtime: Any, llm: Any) -> ServedRequests:
-        from .llama_index import NotLowerable
-
         name = type(llm).__name__
         if getattr(llm, "modalities", None) and "audio" in llm.modalities:
             raise NotLowerable(f"{name} with audio modalities")
@@ -45,10 +41,7 @@ class ServedRequests:
             endpoint = server_endpoint(**llm._get_credential_kwargs(is_async=True))
         except UnreproducibleClient as exc:
             raise NotLowerable(f"{name}: {exc}") from None
-        return cls(runtime, llm, runtime.served_engine(endpoint))
-
-    def sampling_params(self, **overrides: Any) -> dict[str, Any]:
-        return {}  # the model's own are in the request body
+        return cls(llm, runtime.served_engine(endpoint))
 
     def engine_prompt(self, template: Any, /, **prompt_args: Any) -> dict[str, Any]:
         """The body ``llm.predict(template, **prompt_args)`` sends."""
@@ -81,3 +74,10 @@ class ServedRequests:
 
     def parse_output(self, text: str) -> str:
         return self.llm._parse_output(text)
+
+    def call_spec(self) -> LLMCallSpec:
+        llm = self.llm
+        return LLMCallSpec(self.engine, self.engine_prompt, {}, max_tokens=llm.max_tokens or DEFAULT_MAX_TOKENS,
+                           streamed_request={"stream": True},  # what its stream_chat / stream_complete change
+                           to_completion_prompt=self.completion_prompt,
+                           parse_output=None if llm.output_parser is None else self.parse_output)

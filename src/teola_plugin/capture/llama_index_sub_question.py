@@ -32,9 +32,9 @@ from llama_index.core.schema import QueryBundle
 from llama_index.core.utils import get_color_mapping, print_text
 
 from ..ir.node import Ref
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
-from .llama_index_models import engine_llm
+from .llama_index_models import llm_call_spec
 from .llama_index_rules import synthesis_planner
 from .llama_index_predict import PredictAndParse
 from .llama_index_synthesis import SynthesisPlanner
@@ -75,12 +75,12 @@ def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, o
     metadatas = engine._metadatas
     if type(generator) is LLMQuestionGenerator:
         try:
-            requests = engine_llm(tr.ctx.runtime, generator._llm)
+            spec = llm_call_spec(tr.ctx.runtime, generator._llm)
         except NotLowerable as exc:
             why = f"question generation: {exc}"
         else:
             tools_str, prompt = build_tools_text(metadatas), generator._prompt
-            step = PredictAndParse(requests, prompt,
+            step = PredictAndParse(generator._llm, spec, prompt,
                                    lambda query: {"tools_str": tools_str, "query_str": query.query_str},
                                    lambda text: prompt.output_parser.parse(text).parsed_output,
                                    "LLMQuestionGenerator", tr.ctx.prepare_expansion)

@@ -2,7 +2,7 @@
 on the retrieved text, so the graph of those calls is built when the nodes are known.
 
 Each LLM call becomes ``prompt -> llm_prefill -> llm_decode``: the ``prompt`` primitive runs
-the framework's own code (the synthesizer's template, ``TeolaLLM.engine_prompt``, i.e.
+the framework's own code (the synthesizer's template, the model's ``LLMCallSpec.to_engine_prompt``, i.e.
 ``LLM.predict``'s formatting and chat handling), so the engine receives the request plain
 LlamaIndex sends. Packing text into prompts uses the synthesizer's prompt helper
 (``repack`` / ``truncate``) exactly where ``Refine._run_refine_loop`` and
@@ -22,14 +22,13 @@ executor then builds the ``StreamingResponse`` itself.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from llama_index.core.base.response.schema import Response
 from llama_index.core.prompts.prompt_utils import get_biggest_prompt
-import inspect
-
 from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, SimpleSummarize, TreeSummarize
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
@@ -37,9 +36,11 @@ from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..ir.semantics import CHARS_PER_TOKEN
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
+from .llm_calls import emit_llm_call
+from .lowerable import LLMCallSpec
 
 EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
 
@@ -47,10 +48,10 @@ EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
 class SynthesisPlanner:
     """The ``synthesize`` primitive's function: (query, nodes) -> Expansion producing the Response."""
 
-    def __init__(self, synthesizer: Any, llm: Any, prepare: Callable[[PGraph], PGraph], requests: Any = None) -> None:
+    def __init__(self, synthesizer: Any, llm: Any, spec: LLMCallSpec, prepare: Callable[[PGraph], PGraph]) -> None:
         self.synthesizer = synthesizer
         self.llm = llm  # the synthesizer's LLM: its metadata sizes the packing
-        self.requests = llm if requests is None else requests  # builds the engine requests
+        self.spec = spec  # how its calls run on an engine
         self.prepare = prepare
         self.__qualname__ = f"synthesize[{type(synthesizer).__name__}]"
 
@@ -110,7 +111,7 @@ class SynthesisPlanner:
         return self.prepare(graph) if prepare else graph
 
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
-        return llm_call(graph, self.requests, template, prompt_args, origin)
+        return llm_call(graph, self.llm, self.spec, template, prompt_args, origin)
 
     def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
         synth = self.synthesizer
@@ -226,20 +227,15 @@ class RefineLoop:
         return Expansion(self.planner.prepare(graph), {})
 
 
-def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
+def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_args: dict[str, Any],
+             origin: str) -> Ref:
     """One ``llm.predict(template, **prompt_args)`` as prompt -> llm_prefill -> llm_decode
     (-> the output parser); returns the answer text ``predict`` returns."""
     prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
-                       attrs={"fn": framework_call(lambda: llm.engine_prompt(template, **prompt_args)),
+                       attrs={"fn": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args)),
                               "pure": True})
     size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
-    prefill = graph.add(Op.LLM_PREFILL, inputs={"prompt": prompt.out()}, engine=llm.engine_name, origin=origin,
-                        attrs={"sampling_params": llm.sampling_params(), "max_tokens": llm.max_tokens,
-                               "est_prompt_tokens": size // CHARS_PER_TOKEN,
-                               **({"streamed_request": llm.streamed_request}
-                                  if getattr(llm, "streamed_request", None) else {})})
-    decode = graph.add(Op.LLM_DECODE, inputs={"state": prefill.out()}, engine=llm.engine_name, origin=origin,
-                       attrs={"max_tokens": llm.max_tokens})
+    decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN)
     text = decode.out("text")  # the decode's own: a caller may stream its tokens
     events = LLMEvents.of(llm, template, prompt_args)
     if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)
@@ -248,10 +244,10 @@ def llm_call(graph: PGraph, llm: Any, template: Any, prompt_args: dict[str, Any]
         graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
                   inputs={"started": started.out(), "text": text, "response": decode.out("response")},
                   origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
-    if llm.output_parser is None:
+    if spec.parse_output is None:
         return text
     parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
-                      origin=origin, attrs={"fn": framework_call(llm.parse_output), "pure": True})
+                      origin=origin, attrs={"fn": framework_call(spec.parse_output), "pure": True})
     return parse.out()
 
 

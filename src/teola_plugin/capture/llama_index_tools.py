@@ -17,7 +17,7 @@ from llama_index.core.schema import QueryBundle
 
 from ..ir.graph import PGraph
 from ..ir.ops import Op
-from ..runtime.handlers import Expansion
+from ..ir.expansion import Expansion
 from .llama_index import LlamaIndexTracer, NotLowerable, TracedApp
 
 

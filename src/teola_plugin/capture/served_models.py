@@ -22,7 +22,6 @@ from typing import Any
 from ..engines.llm_served import ServerEndpoint
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"  # the SDK's default when nothing names a server
-DEFAULT_MAX_TOKENS = 256  # the cost model's guess when a model leaves max_tokens to the server
 
 
 def installed_classes(*paths: str) -> tuple[type, ...]:

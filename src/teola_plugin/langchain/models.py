@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, BaseLLM
@@ -21,7 +21,7 @@ from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatRes
                                     GenerationChunk, LLMResult)
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..capture.langchain.protocols import LLMCallSpec
+from ..capture.lowerable import LLMCallSpec
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import engine_stream, iterate_async, iterate_sync, started_pool
@@ -38,6 +38,15 @@ def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
             raise ValueError(f"message type {m.type!r} has no chat role on this engine")
         out.append({"role": role, "content": str(m.text)})
     return out
+
+
+# The plain path of the two model classes, which a lowered call replaces
+# (capture/overrides.py): a subclass overriding one of these (changing what ``invoke``
+# computes) runs its own code. The engine call hooks (``_complete``, ``_producer``) are
+# left out: the graph never calls them, so what an override of them would change is not run.
+LOWERED_CALLS = ("invoke", "ainvoke", "stream", "astream", "batch", "abatch", "generate", "agenerate",
+                 "generate_prompt", "agenerate_prompt", "_generate", "_agenerate", "_stream", "_astream",
+                 "_generate_all", "_convert_input")
 
 
 class _EngineModel(BaseModel):
@@ -97,6 +106,8 @@ class _EngineModel(BaseModel):
 class TeolaLLM(_EngineModel, BaseLLM):
     """A completion model on the runtime's LLM engine: the prompt string goes to vLLM as is."""
 
+    teola_lowered_calls: ClassVar[tuple[str, ...]] = LOWERED_CALLS
+
     @property
     def _llm_type(self) -> str:
         return "teola-vllm"
@@ -144,6 +155,8 @@ class TeolaLLM(_EngineModel, BaseLLM):
 class TeolaChatModel(_EngineModel, BaseChatModel):
     """A chat model on the runtime's LLM engine: messages are rendered with the model's
     own chat template by the engine."""
+
+    teola_lowered_calls: ClassVar[tuple[str, ...]] = LOWERED_CALLS
 
     @property
     def _llm_type(self) -> str:

@@ -1,13 +1,13 @@
 """``TeolaEmbedding``: a LlamaIndex embedding model served by the runtime's embedder engine.
 
 Plain LlamaIndex calls it through ``BaseEmbedding``; under the executor the tracer lowers
-the query embedding to an ``embed`` primitive on the same engine (``engine_name``), so both
+the query embedding to an ``embed`` primitive on the same engine (``teola_embedder_engine()``), so both
 paths produce the same vectors from the same model.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -18,6 +18,13 @@ from ..runtime.runtime import Runtime, default_runtime
 
 class TeolaEmbedding(BaseEmbedding):
     """Embeddings from the Teola runtime's embedder engine (normalised; dot = cosine)."""
+
+    # What a lowered embedding replaces (capture/overrides.py): a subclass overriding one of
+    # these keeps its own code.
+    teola_lowered_calls: ClassVar[tuple[str, ...]] = (
+        "get_query_embedding", "aget_query_embedding", "_get_query_embedding", "_aget_query_embedding",
+        "get_text_embedding", "aget_text_embedding", "_get_text_embedding", "_aget_text_embedding",
+        "_get_text_embeddings", "_aget_text_embeddings", "get_text_embedding_batch", "aget_text_embedding_batch")
 
     engine: str = Field(default="embedder", description="Name of the runtime's embedder engine.")
     model_name: str = Field(default="teola:embedder")
@@ -38,8 +45,8 @@ class TeolaEmbedding(BaseEmbedding):
             self._runtime = default_runtime()
         return self._runtime
 
-    @property
-    def engine_name(self) -> str:
+    def teola_embedder_engine(self) -> str:
+        """The engine computing these vectors (``capture/lowerable.py``)."""
         return self.engine
 
     async def _embed(self, texts: list[str]) -> list[Embedding]:

@@ -34,7 +34,7 @@ from llama_index.core.chat_engine.types import BaseChatEngine
 from llama_index.core.schema import QueryBundle
 
 from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
-from ..capture.llama_index_models import engine_llm
+from ..capture.llama_index_models import llm_call_spec
 from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
@@ -125,10 +125,10 @@ class TeolaExecutor:
         if not engines:
             from llama_index.core import Settings
 
-            from ..capture.llama_index import EngineBackedLLM
+            from ..capture.lowerable import LowerableLLM
 
             llm = Settings._llm  # not Settings.llm: that would resolve (and import) OpenAI's default
-            on_vllm = isinstance(llm, EngineBackedLLM) or type(llm).__name__ == "Vllm"
+            on_vllm = isinstance(llm, LowerableLLM) or type(llm).__name__ == "Vllm"
             engines = ("embedder",) + (("llm",) if on_vllm else ())
         return self.runtime.start_in_background(*engines)
 
@@ -381,7 +381,7 @@ class TeolaExecutor:
         llm = getattr(engine, "_llm", None)
         if llm is not None and hasattr(engine, "_get_response_synthesizer"):  # answers through a synthesizer
             try:
-                engine_llm(self.runtime, llm)
+                llm_call_spec(self.runtime, llm)
                 lines.append(f"  - the answer's LLM calls ({type(llm).__name__}): lowered (the synthesizer's calls)")
             except NotLowerable as exc:
                 lines.append(f"  - the answer's LLM calls: LlamaIndex's own ({exc})")

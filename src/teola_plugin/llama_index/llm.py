@@ -10,7 +10,7 @@ the model's chat template) for chat models.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -28,6 +28,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.prompts.base import BasePromptTemplate
 
+from ..capture.lowerable import LLMCallSpec
 from ..runtime.hosting import ReplicaPool
 from ..runtime.policies import Priority
 from ..runtime.runtime import Runtime, default_runtime
@@ -39,6 +40,15 @@ SAMPLING_KEYS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "stop"
 
 class TeolaLLM(CustomLLM):
     """Generation on the Teola runtime's LLM engine (greedy by default)."""
+
+    # What a lowered call replaces (capture/overrides.py): the graph asks the engine directly,
+    # so a subclass overriding one of these (changing what plain LlamaIndex computes) keeps
+    # its own code. The engine-call hooks (``_engine_generate`` / ``_engine_stream``) are left
+    # out on purpose: the graph never calls them, so a subclass overriding them (the tests
+    # record plain requests that way) is still lowered, and what they would change is not run.
+    teola_lowered_calls: ClassVar[tuple[str, ...]] = (
+        "predict", "apredict", "stream", "astream", "complete", "acomplete", "stream_complete",
+        "astream_complete", "chat", "achat", "stream_chat", "astream_chat", "_completion_prompt")
 
     engine: str = Field(default="llm", description="Name of the runtime's LLM engine.")
     max_tokens: int = Field(default=256, gt=0, description="Tokens to generate at most.")
@@ -65,10 +75,6 @@ class TeolaLLM(CustomLLM):
         if self._runtime is None:
             self._runtime = default_runtime()
         return self._runtime
-
-    @property
-    def engine_name(self) -> str:
-        return self.engine
 
     async def _pool(self) -> ReplicaPool:
         return await started_pool(self.runtime, self.engine)
@@ -106,6 +112,12 @@ class TeolaLLM(CustomLLM):
     def parse_output(self, text: str) -> str:
         """What ``predict`` returns for the engine's ``text`` (the output parser, if any)."""
         return self._parse_output(text)
+
+    def teola_call_spec(self) -> LLMCallSpec:
+        """How the tracer lowers this model's calls (``capture/lowerable.py``)."""
+        return LLMCallSpec(self.engine, self.engine_prompt, self.sampling_params(), max_tokens=self.max_tokens,
+                           to_completion_prompt=self.completion_prompt,
+                           parse_output=None if self.output_parser is None else self.parse_output)
 
     # -- engine calls: every path funnels through these two ---------------------------------
     async def _engine_generate(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> str:

@@ -31,7 +31,8 @@ from ..errors import ConfigError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import INPUT, Primitive, Ref
 from ..ir.semantics import shard_slice
-from .handlers import Expansion, PrimitiveHandlers
+from ..ir.expansion import Expansion
+from .handlers import PrimitiveHandlers
 from .hosting import ReplicaPool
 from .policies import Priority
 from .requests import BatchInfo, StreamOpen

@@ -12,34 +12,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..ir import semantics
+from ..ir.expansion import Expansion
 from ..ir.node import Primitive
 from .framework_threads import in_framework_thread
 from .values import Document, IndexHandle, LLMState, as_document
 
 if TYPE_CHECKING:
     from .graph_scheduler import NodeContext
-
-
-@dataclass(frozen=True)
-class Expansion:
-    """Returned by a handler whose work is data dependent (e.g. refine over N chunks):
-    the graph scheduler runs ``graph`` on ``inputs`` as part of the same query and the
-    node's outputs are that graph's outputs."""
-
-    graph: Any  # PGraph
-    inputs: Mapping[str, Any]
-    # The sub-graph's nodes whose tokens are the expanding node's text when that text is what
-    # the caller streams; None: the nodes producing the sub-graph's outputs.
-    token_nodes: frozenset[str] | None = None
-    # The outputs to use instead when the sub-graph raises one of these (a framework that
-    # drops a failed sub-query, as LlamaIndex's sub-question engine drops a ValueError).
-    recover: tuple[type[Exception], Callable[[Exception], Mapping[str, Any]]] | None = None
 
 
 def default_chunker(docs: list[Document], chunk_size: int = 1024, overlap: int = 128) -> list[Document]:

@@ -8,12 +8,8 @@
 Add a rule with ``@lowering(MyRunnable)``; see ``tracer.py`` for the contract.
 """
 
-from .protocols import LLMCallSpec, LowerableEmbeddings, LowerableLanguageModel
-from .tracer import (InputLayout, LangChainTrace, LangChainTracer, OpaqueComponent,
-                     OutputShape, lowering, rule_for, trace_runnable)
+from .tracer import InputLayout, LangChainTrace, LangChainTracer, OutputShape, lowering, rule_for, trace_runnable
 
 __all__ = [
-    "InputLayout", "LLMCallSpec", "LangChainTrace", "LangChainTracer",
-    "LowerableEmbeddings", "LowerableLanguageModel", "OpaqueComponent", "OutputShape",
-    "lowering", "rule_for", "trace_runnable",
+    "InputLayout", "LangChainTrace", "LangChainTracer", "OutputShape", "lowering", "rule_for", "trace_runnable",
 ]

@@ -9,7 +9,7 @@ calls its own ``invoke``, and the reason is kept for ``explain()``.
 
 Module order. LangChain runs a sequence's steps one after another and a parallel's
 branches concurrently; every primitive waits (``after``) on the *frontier* (what the
-steps before it emitted last), like ``ir/app_graphs.Tracer``. Dependency pruning then
+steps before it emitted last: ``capture/module_order.py``). Dependency pruning then
 removes the waits that are not data flow.
 
 Run-time decisions. ``RunnableEach`` and ``RunnableBranch`` only know at run time what
@@ -33,7 +33,8 @@ from ...ir.node import INPUT, Primitive, Ref
 from ...ir.ops import Op
 from ...ir.ports import PortType
 from ...runtime.caller import as_the_caller_calls
-from ..common import NotLowerable
+from ..common import ComponentNote, NotLowerable, Trace
+from ..module_order import ModuleOrder
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
 from .step_runs import step_config
@@ -63,13 +64,6 @@ def rule_for(cls: type) -> LoweringRule | None:
         if rule is not None:
             return rule
     return None
-
-
-@dataclass(frozen=True)
-class OpaqueComponent:
-    node: str
-    component: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -131,12 +125,12 @@ def text_tokens(output: OutputShape) -> str | None:
 
 
 @dataclass
-class LangChainTrace:
-    graph: PGraph
+class LangChainTrace(Trace):
+    """A LangChain trace: the graph of one input layout, and how to feed and read it."""
+
     layout: InputLayout
     output: OutputShape
     stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
-    opaque: list[OpaqueComponent] = field(default_factory=list)
 
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""
@@ -196,9 +190,9 @@ class LangChainTracer:
         self.engine_models = dict(engine_models or {})  # Teola LLM engine -> the model it serves
         self.planner: SubPlanner = planner or TraceOnlyPlanner(self.engine_models)
         self.graph = PGraph(name)
-        self.frontier: frozenset[str] = frozenset()  # what the next primitive waits on
+        self.order = ModuleOrder(self.graph)
         self.stores: dict[str, tuple[str, Any]] = {}
-        self.opaque: list[OpaqueComponent] = []
+        self.notes: list[ComponentNote] = []
         self._materialised: dict[int, tuple[Value, Ref]] = {}
         self.root: Any = None  # the chain traced (its sequence's steps carry seq:step tags)
         self._root_step: tuple[Any, str] | None = None  # (the root sequence's step being lowered, its tag)
@@ -214,21 +208,12 @@ class LangChainTracer:
 
     # -- emitting --------------------------------------------------------------------------
     def add(self, op: Op, *, name: str | None = None, **kwargs: Any) -> Primitive:
-        """Append a primitive after the current frontier; it becomes the frontier."""
-        prim = self.graph.add(op, name=self.graph.unique_name(name) if name else None,
-                              after=self.frontier, **kwargs)
-        self.frontier = frozenset({prim.name})
-        return prim
+        """Append a primitive in module order (after what was emitted last)."""
+        return self.order.add(op, name=self.graph.unique_name(name) if name else None, **kwargs)
 
     def branches(self, lowerings: Iterable[Callable[[], Value]]) -> list[Value]:
         """Lower concurrent branches (a RunnableParallel): each starts from the same frontier."""
-        start, ends, values = self.frontier, set(), []
-        for lower in lowerings:
-            self.frontier = start
-            values.append(lower())
-            ends |= self.frontier
-        self.frontier = frozenset(ends) if ends else start
-        return values
+        return self.order.branches(lowerings)
 
     def inputs(self, layout: InputLayout) -> Value:
         def declare(name: str) -> Traced:
@@ -279,7 +264,7 @@ class LangChainTracer:
 
     def note_opaque(self, runnable: Any, node: str, reason: str) -> None:
         """Record (for explain) and log (once per type) a component that runs unchanged."""
-        self.opaque.append(OpaqueComponent(node, component_name(runnable), reason))
+        self.notes.append(ComponentNote(node, component_name(runnable), "opaque", reason))
         warn_opaque_once(runnable, reason)
 
     def materialise(self, value: Value) -> Ref:
@@ -360,7 +345,7 @@ class LangChainTracer:
             shape = self._record_shape(value)
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
-        return LangChainTrace(self.graph, layout, shape, dict(self.stores), list(self.opaque))
+        return LangChainTrace(self.graph, layout, shape, dict(self.stores), notes=list(self.notes))
 
 
 def _streams(value: Value) -> OutputShape:

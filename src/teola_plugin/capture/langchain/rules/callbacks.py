@@ -30,7 +30,7 @@ from langchain_core.tracers._streaming import _StreamingCallbackHandler  # what 
 from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix invoke gives message ids
 
 from ....runtime.framework_threads import in_framework_thread
-from ..protocols import LLMCallSpec
+from ...lowerable import LLMCallSpec
 from ..step_runs import with_step_tag
 
 
@@ -122,7 +122,7 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
         try:
             params = model._get_invocation_params(stop=stop)
         except Exception:  # noqa: BLE001
-            params = dict(spec.sampling_params)
+            params = dict(spec.sampling_params or {})
         serialized, options = getattr(model, "_serialized", {}), {"stop": stop}
 
         def start() -> Any:  # user handlers may block (HTTP tracers): never on the runtime loop

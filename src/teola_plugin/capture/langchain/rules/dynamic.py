@@ -30,7 +30,7 @@ from langchain_core.runnables.base import RunnableEachBase
 from ....ir.graph import PGraph
 from ....ir.node import Ref
 from ....ir.ops import Op
-from ....runtime.handlers import Expansion
+from ....ir.expansion import Expansion
 from ....runtime.caller import as_the_caller_calls
 from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering
 from ..values import Traced, Value

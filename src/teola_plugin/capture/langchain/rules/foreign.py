@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...vllm_identity import ServedModel, engine_serving
-from ..protocols import LLMCallSpec
+from ...lowerable import LLMCallSpec
 from ..tracer import NotLowerable
 
 

@@ -1,6 +1,6 @@
 """LLMs and chat models that run on a Teola engine: format -> llm_prefill -> llm_decode.
 
-Lowered: models that describe their engine call (``LowerableLanguageModel``, e.g. the
+Lowered: models that describe their engine call (``LowerableLLM``, e.g. the
 plugin's ``TeolaChatModel`` / ``TeolaLLM``), and LangChain's ``VLLM`` when a Teola engine
 serves its model (``foreign.py``); ``.bind(stop=...)`` on them too. Any other model runs
 unchanged. Each lowered call also gets two small CPU primitives that report it to the
@@ -19,8 +19,9 @@ from langchain_core.runnables import RunnableBinding
 from ....ir.node import Primitive, Ref
 from ....ir.ops import Op
 from ....ir.semantics import CHARS_PER_TOKEN
-from ...overrides import overridden
-from ..protocols import LLMCallSpec, LowerableLanguageModel
+from ...overrides import overridden_lowered_calls
+from ...llm_calls import emit_llm_call
+from ...lowerable import LLMCallSpec, LowerableLLM
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..step_runs import step_config
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
@@ -60,32 +61,17 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     return fmt, TOKENS_PER_VARIABLE
 
 
-# The plain path of the plugin's models, which a lowered call replaces: a subclass that
-# overrides one of these (changing what ``invoke`` computes) runs its own code. The engine
-# call hooks (``_complete``, ``_producer``) are left out: the graph never calls them, so
-# what an override of them would change is not run.
-_MODEL_CALLS = ("invoke", "ainvoke", "stream", "astream", "batch", "abatch", "generate", "agenerate",
-                "generate_prompt", "agenerate_prompt", "_generate", "_agenerate", "_stream", "_astream",
-                "_generate_all", "_convert_input")
-
-
-def _overridden_calls(model: Any) -> list[str]:
-    from ....langchain.models import TeolaChatModel, TeolaLLM
-
-    base = next((b for b in (TeolaChatModel, TeolaLLM) if isinstance(model, b)), None)
-    return [] if base is None else overridden(model, base, _MODEL_CALLS)
-
 
 def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
     """The engine call ``model.invoke(..., stop=stop)`` makes; NotLowerable if unknown."""
-    if isinstance(model, LowerableLanguageModel):
-        changed = _overridden_calls(model)
+    if isinstance(model, LowerableLLM):
+        changed = overridden_lowered_calls(model)
         if changed:
             raise NotLowerable(f"{type(model).__name__} overrides {', '.join(changed)}: its own code runs")
         spec = model.teola_call_spec()
         if stop is None:
             return spec
-        params = {k: v for k, v in spec.sampling_params.items() if k != "stop"}
+        params = {k: v for k, v in (spec.sampling_params or {}).items() if k != "stop"}
         if stop:  # an explicit stop replaces the model's own (an empty one clears it)
             params["stop"] = list(stop)
         return replace(spec, sampling_params=params)
@@ -104,19 +90,10 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     spec = call_spec(t, model, stop)
     origin = component_name(model)
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
-    params = dict(spec.sampling_params)
-    max_tokens = int(spec.max_tokens or params.get("max_tokens", 256))
     report_start, report_end = call_reporters(model, spec, stop, bound, step)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
-    errors = {"raise_error": spec.raise_error} if spec.raise_error else {}  # the model's own error types
-    streamed = {"streamed_request": spec.streamed_request} if spec.streamed_request else {}
-    prefill = t.add(Op.LLM_PREFILL, name="llm_prefill", engine=spec.engine, inputs={"prompt": fmt.out()},
-                    attrs={"sampling_params": params, "max_tokens": max_tokens, "est_prompt_tokens": est_tokens,
-                           **errors, **streamed}, origin=origin)
-    decode = t.add(Op.LLM_DECODE, name="llm_decode", engine=spec.engine,
-                   inputs={"state": prefill.out(), "listener": started.out("run")},
-                   attrs={"max_tokens": max_tokens, **decode_attrs, **errors}, origin=origin)
+    decode = emit_llm_call(t.add, fmt.out(), spec, origin, est_tokens, listener=started.out("run"), **decode_attrs)
     ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
                                                      "response": decode.out("response")},
                   attrs={"fn": report_end}, origin=origin, outputs=["text", "message"])

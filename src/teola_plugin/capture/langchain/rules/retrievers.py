@@ -22,7 +22,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetrieve
 from ....ir.node import Ref
 from ....ir.ops import Op
 from ...embedder_identity import embedder_serving
-from ..protocols import LowerableEmbeddings
+from ...lowerable import LowerableEmbedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
 
@@ -38,7 +38,7 @@ class EmbeddingCall:
 
 def embedding_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     """The engine computing ``embeddings.embed_query``; NotLowerable when none does."""
-    if isinstance(embeddings, LowerableEmbeddings):
+    if isinstance(embeddings, LowerableEmbedding):
         return EmbeddingCall(embeddings.teola_embedder_engine())
     if is_huggingface_embeddings(embeddings):
         return huggingface_call(t, embeddings)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...served_models import DEFAULT_MAX_TOKENS, UnreproducibleClient, installed_classes, server_endpoint
-from ..protocols import LLMCallSpec
+from ...lowerable import DEFAULT_MAX_TOKENS
+from ...served_models import UnreproducibleClient, installed_classes, server_endpoint
+from ...lowerable import LLMCallSpec
 from ..tracer import NotLowerable
 
 

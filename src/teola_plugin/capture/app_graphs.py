@@ -1,9 +1,9 @@
 """The paper's applications as the tracer lowers them (for tests, docs and demos).
 
-Users never write these: capture/ produces the same shapes from LlamaIndex / LangChain
-objects. Every node waits (``after``) on the one emitted before it, because a framework
-runs its modules one after another and the tracer records that order; dependency
-pruning is what removes the waits that are not real.
+Users never write these: the framework tracers produce the same shapes from LlamaIndex /
+LangChain objects. Every node waits (``after``) on the one emitted before it
+(``ModuleOrder``), because a framework runs its modules one after another and the tracer
+records that order; dependency pruning is what removes the waits that are not real.
 
 Each ``add_*`` function appends one module's primitives, so benchmarks can compose
 many applications into one graph; ``naive_rag`` / ``advanced_rag`` / ``search_augmented``
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import PGraph
-from .node import Primitive, Ref
-from .ops import Op
-from .ports import PortType
+from ..ir.graph import PGraph
+from ..ir.node import Primitive, Ref
+from ..ir.ops import Op
+from ..ir.ports import PortType
+from .llm_calls import emit_llm_call
+from .lowerable import LLMCallSpec
+from .module_order import ModuleOrder
 
 CHUNKS_PER_DOC = 2  # SentenceSplitter(chunk_size=512) on the bundled corpora, roughly
 TOKENS_PER_HIT = 128
@@ -46,20 +49,7 @@ SEARCH_TEMPLATE: list[Any] = [
 ]
 
 
-class Tracer:
-    """Appends primitives in module order: each waits on the previously emitted one."""
-
-    def __init__(self, graph: PGraph) -> None:
-        self.graph = graph
-        self.last: str | None = None
-
-    def add(self, op: Op, **kwargs: Any) -> Primitive:
-        prim = self.graph.add(op, after=[self.last] if self.last else [], **kwargs)
-        self.last = prim.name
-        return prim
-
-
-def add_ingestion(t: Tracer, docs: Ref, index: Ref, n_docs: int) -> Ref:
+def add_ingestion(t: ModuleOrder, docs: Ref, index: Ref, n_docs: int) -> Ref:
     """SentenceSplitter -> embed -> insert; returns the INDEX handle holding the data."""
     n_chunks = n_docs * CHUNKS_PER_DOC
     chunk = t.add(Op.CHUNK, inputs={"docs": docs}, attrs={"est_items": n_docs, "chunk_size": 512},
@@ -72,7 +62,7 @@ def add_ingestion(t: Tracer, docs: Ref, index: Ref, n_docs: int) -> Ref:
     return insert.out("index")
 
 
-def add_retrieval(t: Tracer, question: Ref, index: Ref, top_k: int) -> Ref:
+def add_retrieval(t: ModuleOrder, question: Ref, index: Ref, top_k: int) -> Ref:
     """VectorIndexRetriever: embed the question, search, keep the one query's hits."""
     origin = "VectorIndexRetriever"
     batch = t.add(Op.AGGREGATE, inputs={"in0": question}, attrs={"mode": "list"}, origin=origin)
@@ -84,24 +74,21 @@ def add_retrieval(t: Tracer, question: Ref, index: Ref, top_k: int) -> Ref:
     return pick.out()
 
 
-def add_llm_call(t: Tracer, parts: list[Any], values: dict[str, Ref], origin: str,
+def add_llm_call(t: ModuleOrder, parts: list[Any], values: dict[str, Ref], origin: str,
                  est_prompt_tokens: int, max_tokens: int, **decode_attrs: Any) -> Primitive:
-    """format -> prefill -> decode; returns the decode primitive. ``max_tokens`` goes on the
-    prefill, which opens the engine request, and on the decode, whose length it bounds."""
+    """format -> prefill -> decode on the default LLM engine, greedy; returns the decode."""
     fmt = t.add(Op.FORMAT, inputs=values, attrs={"parts": parts}, origin=origin)
-    prefill = t.add(Op.LLM_PREFILL, inputs={"prompt": fmt.out()},
-                    attrs={"est_prompt_tokens": est_prompt_tokens, "max_tokens": max_tokens}, origin=origin)
-    return t.add(Op.LLM_DECODE, inputs={"state": prefill.out()},
-                 attrs={"max_tokens": max_tokens, **decode_attrs}, origin=origin)
+    return emit_llm_call(t.add, fmt.out(), LLMCallSpec(None, max_tokens=max_tokens), origin, est_prompt_tokens,
+                         **decode_attrs)
 
 
-def add_synthesis(t: Tracer, question: Ref, hits: Ref, n_hits: int) -> Ref:
+def add_synthesis(t: ModuleOrder, question: Ref, hits: Ref, n_hits: int) -> Ref:
     decode = add_llm_call(t, QA_TEMPLATE, {"question": question, "context": hits},
                           "CompactAndRefine", 64 + n_hits * TOKENS_PER_HIT, 128)
     return decode.out("text")
 
 
-def add_expanded_retrieval(t: Tracer, question: Ref, index: Ref, num_queries: int,
+def add_expanded_retrieval(t: ModuleOrder, question: Ref, index: Ref, num_queries: int,
                            top_k: int) -> Ref:
     """QueryFusionRetriever: LLM writes queries (one per line), each is retrieved, RRF fuses."""
     origin = "QueryFusionRetriever"
@@ -118,13 +105,13 @@ def add_expanded_retrieval(t: Tracer, question: Ref, index: Ref, num_queries: in
     return fuse.out()
 
 
-def add_rerank(t: Tracer, question: Ref, hits: Ref, n_hits: int, top_n: int) -> Ref:
+def add_rerank(t: ModuleOrder, question: Ref, hits: Ref, n_hits: int, top_n: int) -> Ref:
     rerank = t.add(Op.RERANK, inputs={"query": question, "hits": hits},
                    attrs={"top_n": top_n, "est_items": n_hits}, origin="SentenceTransformerRerank")
     return rerank.out()
 
 
-def add_web_search(t: Tracer, question: Ref, top_k: int) -> Ref:
+def add_web_search(t: ModuleOrder, question: Ref, top_k: int) -> Ref:
     origin = "SearchTool"
     batch = t.add(Op.AGGREGATE, inputs={"in0": question}, attrs={"mode": "list"}, origin=origin)
     search = t.add(Op.SEARCH, inputs={"queries": batch.out()}, attrs={"top_k": top_k, "est_items": 1},
@@ -141,7 +128,7 @@ def _inputs(g: PGraph, prefix: str, *names: str) -> list[Ref]:
 
 def build_naive_rag(g: PGraph, prefix: str = "", n_docs: int = 100, top_k: int = 5) -> PGraph:
     question, docs, index = _inputs(g, prefix, "question", "docs", "index")
-    t = Tracer(g)
+    t = ModuleOrder(g)
     index = add_ingestion(t, docs, index, n_docs)
     hits = add_retrieval(t, question, index, top_k)
     g.output(prefix + "answer", add_synthesis(t, question, hits, top_k))
@@ -152,7 +139,7 @@ def build_naive_rag(g: PGraph, prefix: str = "", n_docs: int = 100, top_k: int =
 def build_advanced_rag(g: PGraph, prefix: str = "", num_queries: int = 3, top_k: int = 5,
                        rerank_top_n: int = 3, n_docs: int = 100) -> PGraph:
     question, docs, index = _inputs(g, prefix, "question", "docs", "index")
-    t = Tracer(g)
+    t = ModuleOrder(g)
     index = add_ingestion(t, docs, index, n_docs)
     fused = add_expanded_retrieval(t, question, index, num_queries, top_k)
     hits = add_rerank(t, question, fused, num_queries * top_k, rerank_top_n)
@@ -163,7 +150,7 @@ def build_advanced_rag(g: PGraph, prefix: str = "", num_queries: int = 3, top_k:
 
 def build_search_augmented(g: PGraph, prefix: str = "", top_k: int = 5) -> PGraph:
     (question,) = _inputs(g, prefix, "question")
-    t = Tracer(g)
+    t = ModuleOrder(g)
     hits = add_web_search(t, question, top_k)
     decode = add_llm_call(t, SEARCH_TEMPLATE, {"question": question, "results": hits},
                           "SearchAugmentedSynthesizer", 64 + top_k * TOKENS_PER_HIT, 128)
