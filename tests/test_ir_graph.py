@@ -94,8 +94,8 @@ def test_copy_is_independent_and_shares_untouched_primitives():
 def test_frozen_graph_refuses_edits():
     g = small_graph()
     with g.frozen(), pytest.raises(RuntimeError, match="frozen"):
-        g.set_attrs("embed", x=1)
-    g.set_attrs("embed", x=1)  # unfrozen again
+        g.set_attrs("embed", est_items=1)
+    g.set_attrs("embed", est_items=1)  # unfrozen again
 
 
 def test_replace_uses_and_remove():
@@ -315,3 +315,18 @@ def test_summary_lists_every_primitive():
     for name in ("chunk", "vector_insert", "llm_decode"):
         assert f"\n{name} " in text
     assert "index=vector_insert.index" in text
+
+
+def test_an_attribute_the_op_does_not_define_fails_validation():
+    g = small_graph()
+    g.set_attrs("vector_search", top_k=3, est_items=1, tag="mine")  # its own, and any op's
+    g.validate()
+    misspelt = g.copy()
+    misspelt.set_attrs("vector_search", topk=3)
+    with pytest.raises(GraphValidationError, match=r"unknown attribute\(s\) \['topk'\] for vector_search"):
+        misspelt.validate()
+    wrong_op = g.copy()
+    wrong_op.set_attrs("embed", top_n=2)  # the reranker's attribute, on the wrong op
+    with pytest.raises(GraphValidationError, match=r"unknown attribute\(s\) \['top_n'\] for embed"):
+        wrong_op.validate()
+    assert all(set(spec.attrs).isdisjoint({"est_items", "shard", "stream_from"}) for spec in OPS.values())

@@ -148,7 +148,7 @@ def test_vllm_loaded_unlike_the_engine_stays_opaque_and_says_how():
         (note,) = executor.traced(query_engine(**loading)).opaque
         assert note.component == "CompactAndRefine" and difference in note.reason, note.reason
     assert "dtype 'float16' (engine: 'auto')" in executor.explain(query_engine(dtype="float16"))
-    assert runtime._loop is None  # recognising a Vllm never called an engine
+    assert runtime.loop is None  # recognising a Vllm never called an engine
 
     # The LangChain rule shares the judgement (capture/vllm_identity.py).
     chain = PromptTemplate.from_template("Q: {q}") | VLLM.model_construct(model=served, dtype="float16")

@@ -87,8 +87,8 @@ def test_first_level_calls_are_independent(index, llm, executor):
 def query_engine_planner(executor, query_engine):
     from teola_plugin.capture.llama_index_synthesis import SynthesisPlanner
 
-    return SynthesisPlanner(query_engine._response_synthesizer, query_engine._response_synthesizer._llm,
-                            executor._prepare)
+    llm = query_engine._response_synthesizer._llm
+    return SynthesisPlanner(query_engine._response_synthesizer, llm, llm.teola_call_spec(), executor._prepare)
 
 
 def ancestors(graph, name):

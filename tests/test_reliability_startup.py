@@ -48,10 +48,10 @@ def test_an_engine_ray_cannot_place_fails_the_query_in_time_naming_what_it_asked
             assert "query q%d did not start within its timeout_s=2" % attempt in message
             assert "engine 'gpu_embedder' did not start" in message and "GPU=1" in message, message
             assert "no node of the Ray cluster has them" in message, message
-            assert rt._starting == {} and live_replicas("gpu_embedder") == []
+            assert rt._starts.in_progress == {} and live_replicas("gpu_embedder") == []
     finally:
         rt.shutdown()
-    assert not asyncio.all_tasks(rt._loop)  # nothing left to be destroyed pending
+    assert not asyncio.all_tasks(rt.loop)  # nothing left to be destroyed pending
     assert runtime.run_sync(runtime.engines("embedder").submit("embed", {"texts": ["still fine"]}, _priority()))
 
 
@@ -66,7 +66,7 @@ def test_a_failed_start_is_not_remembered_and_each_query_gets_its_error(tmp_path
         for _ in range(2):
             with pytest.raises(ModelNotFoundError, match="no-model-here"):
                 rt.run_sync(rt.execute(graph, {"texts": ["a"]}, timeout_s=60), timeout=120)
-            assert rt._starting == {} and "broken" not in rt._pools
+            assert rt._starts.in_progress == {} and "broken" not in rt._pools
     finally:
         rt.shutdown()
 

@@ -1,7 +1,10 @@
 """The primitive vocabulary: one :class:`OpSpec` per :class:`Op`.
 
 A spec is everything a pass or a scheduler may assume about an op without running it:
-its ports, the engine kind that serves it, and the algebraic flags passes rely on.
+its ports, the engine kind that serves it, the algebraic flags passes rely on, and the
+attributes a primitive of the op may carry (``attrs``, with :data:`COMMON_ATTRS`: a
+primitive with any other attribute fails validation, so a misspelt one is caught where
+it is written, not ignored where it is read).
 
 The splitting law. A *splittable* op is an elementwise map over its ``split_inputs``
 (other inputs are broadcast to every shard)::
@@ -59,6 +62,7 @@ class OpSpec:
     split_outputs: tuple[str, ...] = ()
     streamable: bool = False  # emits items before it completes
     pure: bool = True  # no side effects: may be merged, reordered, or dropped if unused
+    attrs: Mapping[str, str] = field(default_factory=dict)  # the op's own attributes -> meaning
     doc: str = field(default="", compare=False)
 
     @property
@@ -76,9 +80,35 @@ class OpSpec:
     def output_type(self, port: str) -> T | None:
         return T.VALUE if self.variadic_outputs else self.outputs.get(port)
 
+    def unknown_attrs(self, attrs: Mapping[str, object]) -> list[str]:
+        """The names in ``attrs`` that neither this op nor every op (COMMON_ATTRS) defines."""
+        return sorted(k for k in attrs if k not in self.attrs and k not in COMMON_ATTRS)
 
-def _spec(op: Op, inputs: dict[str, T], outputs: dict[str, T], engine: str, **flags) -> OpSpec:
-    return OpSpec(op, MappingProxyType(inputs), MappingProxyType(outputs), engine, **flags)
+
+# What any primitive may carry: the cost model's estimates, the marks the optimizer's passes
+# leave, and a free label for tools and tests.
+COMMON_ATTRS: Mapping[str, str] = MappingProxyType({
+    "est_items": "how many items it handles (cost model)",
+    "est_latency_s": "its latency, when known (overrides the cost model)",
+    "shard": "(i, n): shard i of n of an op split by decompose_stages",
+    "shard_of": "the primitive the shard was split from",
+    "sliced": "the split inputs this shard slices itself at run time",
+    "stream_from": "the llm_decode whose items it takes one at a time (pipeline_decode)",
+    "item_outputs": "a pipelined region's outputs collected per item",
+    "tag": "a label with no effect (tools, tests)",
+})
+_LLM_REQUEST = {
+    "sampling_params": "the model's own sampling parameters ({}: in its request body; absent: greedy)",
+    "max_tokens": "tokens to decode at most",
+    "temperature": "sampling temperature (when not in sampling_params)",
+    "raise_error": "the framework model's own translation of its client's errors",
+}
+
+
+def _spec(op: Op, inputs: dict[str, T], outputs: dict[str, T], engine: str, attrs: dict[str, str] | None = None,
+          **flags) -> OpSpec:
+    return OpSpec(op, MappingProxyType(inputs), MappingProxyType(outputs), engine,
+                  attrs=MappingProxyType(attrs or {}), **flags)
 
 
 OPS: Mapping[Op, OpSpec] = MappingProxyType({
@@ -87,6 +117,8 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
         # chunk also emits the chunks' texts so embed needs no DOCS->TEXTS conversion.
         _spec(Op.CHUNK, {"docs": T.DOCS}, {"chunks": T.DOCS, "texts": T.TEXTS}, "cpu",
               splittable=True, split_inputs=("docs",), split_outputs=("chunks", "texts"),
+              attrs={"chunk_size": "characters per chunk", "chunk_overlap": "characters shared by neighbours",
+                     "splitter": "the framework's own splitter, called instead"},
               doc="split documents into chunks"),
         _spec(Op.EMBED, {"texts": T.TEXTS}, {"vectors": T.VECTORS}, "embedder",
               batchable=True, splittable=True, split_inputs=("texts",), split_outputs=("vectors",),
@@ -97,30 +129,50 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               doc="insert (vector, doc) pairs; the output handle proves the data is in"),
         _spec(Op.VECTOR_SEARCH, {"index": T.INDEX, "vectors": T.VECTORS}, {"hits": T.HITS_LIST},
               "vector_store", batchable=True, splittable=True, split_inputs=("vectors",),
-              split_outputs=("hits",), doc="nearest neighbours, one ranked list per vector"),
+              split_outputs=("hits",), attrs={"top_k": "hits per vector"},
+              doc="nearest neighbours, one ranked list per vector"),
         _spec(Op.RERANK, {"query": T.TEXT, "hits": T.HITS}, {"hits": T.HITS}, "reranker",
-              batchable=True, doc="re-score hits against the query, keep the best"),
+              batchable=True, attrs={"top_n": "hits kept"}, doc="re-score hits against the query, keep the best"),
         _spec(Op.SEARCH, {"queries": T.TEXTS}, {"hits": T.HITS_LIST}, "search", batchable=True,
-              splittable=True, split_inputs=("queries",), split_outputs=("hits",),
+              splittable=True, split_inputs=("queries",), split_outputs=("hits",), attrs={"top_k": "hits per query"},
               doc="keyword / web-style search, one ranked list per query"),
         _spec(Op.FORMAT, {}, {"prompt": T.PROMPT}, "cpu", variadic_inputs=True,
+              attrs={"parts": "the template: literal strings and {'var': ...} references (semantics.render)",
+                     "render": "the framework's own rendering of the inputs, instead of parts",
+                     "chat_role": "a chat model's prompt: one message of this role",
+                     "prefix_of": "the format whose literal prefix this is (split_prefill)"},
               doc="render a prompt template (attrs['parts'])"),
         _spec(Op.LLM_PARTIAL_PREFILL, {"prompt": T.PROMPT}, {"done": T.SIGNAL}, "llm",
-              batchable=True, doc="prefill a known prompt prefix into the prefix cache"),
+              batchable=True, attrs={"est_prompt_tokens": "prefix tokens (cost model)",
+                                     "prefix_of": "the llm_prefill it warms"},
+              doc="prefill a known prompt prefix into the prefix cache"),
         # `prefix` (optional) waits for the llm_partial_prefill that warmed the prefix cache:
         # a data edge on a SIGNAL, so no pass mistakes it for a removable module-order wait.
         _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL}, {"state": T.LLM_STATE}, "llm",
-              batchable=True, optional_inputs=("prefix",), doc="prefill the full prompt"),
+              batchable=True, optional_inputs=("prefix",),
+              attrs={**_LLM_REQUEST, "est_prompt_tokens": "prompt tokens (cost model)",
+                     "cached_prefix_tokens": "tokens a partial prefill cached (cost model)",
+                     "streamed_request": "request overrides when the caller streams (a served model's)"},
+              doc="prefill the full prompt"),
         # `listener` (optional): a callable given each decoded text delta (a framework's token
         # callbacks: LangChain's on_llm_new_token), or None.
         _spec(Op.LLM_DECODE, {"state": T.LLM_STATE, "listener": T.ANY},
               {"text": T.TEXT, "items": T.TEXTS, "response": T.ANY}, "llm", optional_inputs=("listener",),
-              streamable=True, doc="generate; attrs['parse'] splits the text into items; 'response' is a "
+              streamable=True, attrs={**_LLM_REQUEST, "parse": "how the text splits into items (lines, json_list)",
+                                      "stream_items": "emit each item as soon as it is complete"},
+              doc="generate; attrs['parse'] splits the text into items; 'response' is a "
                                    "model server's reply (None in-process)"),
         _spec(Op.AGGREGATE, {}, {"out": T.ANY}, "cpu", variadic_inputs=True,
+              attrs={"mode": "how the inputs merge (semantics.AGGREGATE_MODES)", "k": "topk: how many; rrf: its k",
+                     "key": "topk: the score field", "top": "rrf: how many to keep", "port": "pick: the input",
+                     "index": "pick: the element", "gathers": "the op whose shards it gathers (decompose_stages)"},
               doc="merge inputs (attrs['mode']: concat, union, topk, rrf, join, pick, list)"),
         # Impure by default: we cannot see inside; attrs['pure']=True opts in.
         _spec(Op.OPAQUE, {}, {}, "cpu", variadic_inputs=True, variadic_outputs=True, pure=False,
+              attrs={"fn": "the function called with the inputs (may return an ir.expansion.Expansion)",
+                     "pure": "True: no side effects (may be merged or dropped)",
+                     "expands": "what it expands into at run time (explain)",
+                     "expands_into": "the sub-components it expands into (inspection)"},
               doc="call a framework component unchanged"),
     )
 })

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ..errors import GraphValidationError
 from .node import INPUT, Primitive
-from .ops import Op
+from .ops import COMMON_ATTRS, Op
 from .ports import PortType, compatible
 from .semantics import AGGREGATE_MODES, template_vars
 
@@ -73,6 +73,10 @@ def _check_inputs(graph: PGraph, prim: Primitive) -> None:
 
 
 def _check_attrs(prim: Primitive) -> None:
+    unknown = prim.spec.unknown_attrs(prim.attrs)
+    if unknown:
+        raise _fail(prim, f"unknown attribute(s) {unknown} for {prim.op} "
+                          f"(its own: {', '.join(prim.spec.attrs) or 'none'}; any op: {', '.join(COMMON_ATTRS)})")
     if prim.op is Op.FORMAT:
         missing = [v for v in template_vars(prim.attrs.get("parts", ())) if v not in prim.inputs]
         if missing:

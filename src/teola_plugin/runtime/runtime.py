@@ -1,9 +1,10 @@
 """The runtime: engines hosted in-process or on Ray, a background event loop, graph runs.
 
-A ``Runtime`` owns one asyncio event loop in a daemon thread ("teola-loop"). Everything
+A ``Runtime`` owns one asyncio event loop in a daemon thread (``loop_thread.py``). Everything
 asynchronous (graph runs, engine schedulers of locally hosted engines, Ray handles) lives
 on it, so synchronous framework code (``query_engine.query``) can call in from any thread
-with :meth:`Runtime.run_sync`, and async code with :meth:`Runtime.run_async`.
+with :meth:`Runtime.run_sync`, and async code with :meth:`Runtime.run_async`. Ray start-up
+is ``ray_startup.py``; the engine pools (start, share, drop) are here.
 
 Hosting: ``hosting="ray"`` (default) starts an embedded Ray runtime on first use (no
 dashboard, every Ray process listening on 127.0.0.1 only, token authentication unless
@@ -31,6 +32,8 @@ from ..ir.node import Primitive
 from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
+from .engine_starts import SharedStarts, not_started_message, start_problem
+from .loop_thread import LoopThread
 from .ray_startup import connect_ray
 from .timeline import Timeline
 
@@ -109,37 +112,31 @@ class Runtime:
         self.handlers = handlers or PrimitiveHandlers()
         self._pools: dict[str, ReplicaPool] = {}
         self._pool_lock: asyncio.Lock | None = None  # add_local_engine
-        self._starting: dict[str, _EngineStart] = {}  # engine name -> its start in progress
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._starts = SharedStarts()  # the engine starts in progress
+        self._loop_thread = LoopThread()
         self._owns_ray = False
         self._closed = False
         self._start_lock = threading.Lock()
         self._local_objects: dict[str, Any] = {}  # shared_local_engine: name -> engine object
         self._closing: set[asyncio.Task[None]] = set()  # pools of collected user objects, closing
+        self._cost_model: Any = None  # cost_model(), built once
 
     # -- loop --------------------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
             if self._closed:
                 raise RuntimeError("this Runtime was shut down")
-            if self._loop is None:
+            if self._loop_thread.loop is None:
                 if self.hosting == "ray":
                     self._init_ray()
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name="teola-loop", daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = loop
+                self._loop_thread.start()
                 atexit.register(self.shutdown)
-            return self._loop
+            return self._loop_thread.loop
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The runtime's event loop; None until something needs it (nothing has started)."""
+        return self._loop_thread.loop
 
     @property
     def closed(self) -> bool:
@@ -174,41 +171,30 @@ class Runtime:
     async def aevent_loop(self) -> asyncio.AbstractEventLoop:
         """The runtime's event loop, for async callers: a first start (Ray, seconds) runs on a
         thread, never on the caller's event loop."""
-        loop = self._loop
+        loop = self._loop_thread.loop
         if loop is not None and not self._closed:
             return loop
         return await asyncio.to_thread(self._ensure_loop)  # raises once shut down
 
     def in_loop_thread(self) -> bool:
         """Is the caller the runtime loop's own thread (where blocking on the loop would hang)?"""
-        return threading.current_thread() is self._thread
+        return self._loop_thread.in_thread()
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())  # type: ignore[arg-type]
+        self._ensure_loop()
+        return self._loop_thread.submit(coro)
 
     def run_sync(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         """Run a coroutine on the runtime loop from synchronous code; cancels it on timeout."""
         self._ensure_loop()
         if self.in_loop_thread():
             raise RuntimeError("run_sync called from the runtime loop itself; await the coroutine instead")
-        future = self.submit(coro)
-        try:
-            return future.result(timeout)
-        except BaseException:  # a timeout, Ctrl-C, or SystemExit (Ray's SIGTERM handler): stop the work too
-            future.cancel()
-            raise
+        return self._loop_thread.run_sync(coro, timeout)
 
     async def run_async(self, coro: Awaitable[T]) -> T:
         """Await a coroutine on the runtime loop from another event loop (cancellation forwarded)."""
-        loop = await self.aevent_loop()
-        if asyncio.get_running_loop() is loop:
-            return await coro
-        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
+        await self.aevent_loop()
+        return await self._loop_thread.run_async(coro)
 
     # -- Ray -----------------------------------------------------------------------------------
     def _init_ray(self) -> None:
@@ -236,34 +222,8 @@ class Runtime:
                 raise ConfigError(f"unknown engine {name!r}; configured: {sorted(self.specs)}")
         for name in wanted:
             if name not in self._pools:
-                await self._join_start(name)
+                await self._starts.join(name, lambda: self._start_pool(name), lambda: name in self._pools)
         return {n: self._pools[n] for n in wanted}
-
-    async def _join_start(self, name: str) -> None:
-        # An abandoned start is still stopping its replicas: let it finish first.
-        while (start := self._starting.get(name)) is not None and start.abandoned:
-            await asyncio.wait({start.task})
-        if name in self._pools:
-            return
-        if start is None:
-            task = asyncio.get_running_loop().create_task(self._start_pool(name), name=f"start engine {name}")
-            start = self._starting[name] = _EngineStart(task)
-            task.add_done_callback(lambda _: self._forget_start(name, start))
-        start.waiters += 1
-        try:
-            await asyncio.shield(start.task)
-        finally:
-            start.waiters -= 1
-            if start.waiters == 0 and not start.task.done():
-                start.abandoned = True
-                start.task.cancel()
-                await asyncio.wait({start.task}, timeout=5)  # its replicas are stopped when the caller hears
-            elif start.task.done() and not start.task.cancelled():
-                start.task.exception()  # retrieved (each waiter already got it)
-
-    def _forget_start(self, name: str, start: _EngineStart) -> None:
-        if self._starting.get(name) is start:
-            del self._starting[name]
 
     async def _start_pool(self, name: str) -> None:
         spec = self.specs[name]
@@ -282,7 +242,7 @@ class Runtime:
                 if done:
                     starting.result()  # the start's own error, if any
                     break
-                log.warning("engine %s has not started yet: %s", name, await self._start_problem(name))
+                log.warning("engine %s has not started yet: %s", name, await start_problem(spec, self.hosting))
         except BaseException as exc:
             starting.cancel()
             await asyncio.wait({starting}, timeout=5)
@@ -315,39 +275,7 @@ class Runtime:
 
     async def _not_started(self, names: list[str], timeout_s: float | None, query_id: str | None) -> str:
         missing = [n for n in names if n not in self._pools]
-        parts = [f"engine {name!r} did not start ({await self._start_problem(name)})" for name in missing[:1]]
-        # start_engines starts one engine after another: the rest never began
-        parts += [f"engine {name!r} had not begun starting (it waits for {missing[0]!r})" for name in missing[1:]]
-        query = f"query {query_id}" if query_id else "the query"
-        return (f"{query} did not start within its timeout_s={timeout_s} s: "
-                + "; ".join(parts or ["its engines started, but that took the whole timeout"])
-                + ". Give the EngineSpec resources the cluster has, raise timeout_s, or start the engines "
-                  "beforehand (`await runtime.start_engines(...)`)")
-
-    async def _start_problem(self, name: str) -> str:
-        spec = self.specs[name]
-        if self.hosting != "ray":
-            return f"{spec.replicas} replica(s) in this process, still loading"
-        asked = {"CPU": spec.num_cpus, "GPU": spec.num_gpus, **dict(spec.resources)}
-        asked = {k: v for k, v in asked.items() if v}
-        what = ", ".join(f"{k}={v:g}" for k, v in asked.items()) or "no reserved resources"
-        return f"{spec.replicas} replica(s), each asking Ray for {what}{await self._placement_hint(asked)}"
-
-    async def _placement_hint(self, asked: dict[str, float]) -> str:
-        if not asked:
-            return "; it reserves nothing, so it was still loading"
-        try:
-            import ray
-
-            # a GCS round trip: off the loop that serves every query, and bounded
-            alive = await asyncio.wait_for(asyncio.to_thread(ray.nodes), timeout=5)
-            nodes = [n["Resources"] for n in alive if n.get("Alive")]
-        except Exception:  # the hint is optional
-            return ""
-        if any(all(node.get(k, 0) >= v for k, v in asked.items()) for node in nodes):
-            return "; a node has them: they may be taken by other actors, or the engine was still loading"
-        have = "; ".join(", ".join(f"{k}={node.get(k, 0):g}" for k in asked) for node in nodes)
-        return f"; no node of the Ray cluster has them (nodes: {have or 'none'})"
+        return await not_started_message(missing, self.specs, self.hosting, timeout_s, query_id)
 
     async def add_local_engine(self, name: str, engine: Any, policy: Any = None, owner: Any = None) -> ReplicaPool:
         """Serve an already-built engine object from this process (e.g. one wrapping a
@@ -410,7 +338,7 @@ class Runtime:
     def _forget_local_engine(self, name: str) -> None:
         self._local_objects.pop(name, None)
         pool = self._pools.pop(name, None)
-        loop = self._loop
+        loop = self._loop_thread.loop
         if pool is not None and loop is not None and not loop.is_closed():
             def close() -> None:  # a task kept referenced until done (the loop holds it weakly)
                 task = loop.create_task(pool.close())
@@ -437,7 +365,7 @@ class Runtime:
         from .compute_groups import HOST_CPU, compute_groups
 
         groups = compute_groups(self.specs)
-        cached = getattr(self, "_cost_model", None)  # one per runtime: its memo of node costs is reused
+        cached = self._cost_model  # one per runtime: its memo of node costs is reused
         if cached is None or cached.compute_groups != groups:
             cached = self._cost_model = CostModel.default().with_compute_groups(groups, default_group=HOST_CPU)
         return cached
@@ -488,43 +416,29 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
-            loop, thread = self._loop, self._thread
         for hook in list(_BEFORE_SHUTDOWN):
             hook(self)
-        if loop is not None and thread is not None and thread.is_alive():
-            async def close_all() -> None:
-                starting = [start.task for start in self._starting.values()]
-                for task in starting:  # each stops its replicas
-                    task.cancel()
-                if starting:
-                    await asyncio.wait(starting, timeout=STOP_STARTS_S)
-                await asyncio.gather(*(p.close() for p in list(self._pools.values())), return_exceptions=True)
-                await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
 
-            from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
+        async def close_all() -> None:
+            starting = self._starts.tasks()
+            for task in starting:  # each stops its replicas
+                task.cancel()
+            if starting:
+                await asyncio.wait(starting, timeout=STOP_STARTS_S)
+            await asyncio.gather(*(p.close() for p in list(self._pools.values())), return_exceptions=True)
+            await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
 
-            try:  # the sum of the parts, so the loop never stops under a close still running
-                budget = STOP_STARTS_S + CLOSE_BUDGET_S + LEFTOVER_TASKS_S + 5
-                asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=budget)
-            except Exception as exc:  # shutting down anyway
-                log.warning("closing engines: %s", exc)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
+        from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
+
+        # the sum of the parts, so the loop never stops under a close still running
+        budget = STOP_STARTS_S + CLOSE_BUDGET_S + LEFTOVER_TASKS_S + 5
+        self._loop_thread.stop(close_all, budget, lambda exc: log.warning("closing engines: %s", exc))
         self._pools.clear()
         if self._owns_ray:
             import ray
 
             ray.shutdown()
             self._owns_ray = False
-
-
-class _EngineStart:
-    """One engine's start in progress and how many callers wait for it."""
-
-    def __init__(self, task: asyncio.Task[None]) -> None:
-        self.task = task
-        self.waiters = 0
-        self.abandoned = False  # cancelled for lack of waiters; still stopping its replicas
 
 
 async def _cancel_leftover_tasks(timeout_s: float) -> None:
