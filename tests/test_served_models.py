@@ -439,6 +439,67 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
     assert TeolaRunnable(words_chain, runtime=runtime)._plan(question).trace.opaque[0].component == "upper_words"
 
 
+def test_bound_tools_are_lowered_and_stream_as_the_model_does(recording_proxy, runtime):
+    """``bind_tools`` and ``with_structured_output(method="function_calling")`` as LangChain's
+    tool-calling docs write them: the call is lowered (its body carries the tools, as plain's),
+    the reply's tool calls and the parsed objects are plain's, and the model's run reports the
+    same invocation parameters. A named ``tool_choice`` makes the bundled model's arguments
+    valid by construction. Streamed, the chain runs as it is (the model streams tool-call
+    chunks, which a graph's token stream cannot reproduce): plain's chunks exactly."""
+    from langchain_core.output_parsers.openai_tools import PydanticToolsParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.tracers.context import collect_runs
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    class Add(BaseModel):
+        """Add two integers."""
+
+        a: int
+        b: int
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                       max_tokens=40)
+    prompt = ChatPromptTemplate.from_messages([("human", "What is {x} plus {y}?")])
+    named = {"type": "function", "function": {"name": "Add"}}
+    with_tools = prompt | model.bind_tools([Add], tool_choice=named)
+    parsed = with_tools | PydanticToolsParser(tools=[Add])
+    structured = prompt | model.with_structured_output(Add, method="function_calling")
+    question = {"x": 3, "y": 4}
+
+    def calls(message) -> list:
+        return [(c["name"], c["args"]) for c in message.tool_calls]
+
+    def llm_params(collected) -> list:
+        return [r.extra["invocation_params"] for r in collected.traced_runs[0].child_runs if r.run_type == "llm"]
+
+    fast = TeolaRunnable(with_tools, runtime=runtime)
+    assert fast._plan(question).trace.opaque == [] and TeolaRunnable(parsed, runtime=runtime)._plan(
+        question).trace.opaque == []
+    with collect_runs() as plain_runs:
+        plain = with_tools.invoke(question)
+    sent_plain = recording_proxy.take()
+    with collect_runs() as runs:
+        teola = fast.invoke(question)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["tools"][0]["function"]["name"] == "Add"
+    assert calls(teola) == calls(plain) and calls(plain)[0][0] == "Add" and teola.tool_calls[0]["id"]
+    assert llm_params(runs) == llm_params(plain_runs) and llm_params(plain_runs)[0]["tools"]
+    assert TeolaRunnable(parsed, runtime=runtime).invoke(question) == parsed.invoke(question)
+    fast_structured = TeolaRunnable(structured, runtime=runtime)
+    assert "ChatOpenAI" not in {n.component for n in fast_structured._plan(question).trace.opaque}
+    assert fast_structured.invoke(question) == structured.invoke(question)
+
+    def chunks(stream) -> list:  # tool call ids are the server's random ones
+        return [(type(c).__name__, c.content, [(t["name"], t["args"], t["index"]) for t in c.tool_call_chunks])
+                for c in stream]
+
+    plain_chunks = chunks(with_tools.stream(question))
+    assert chunks(fast.stream(question)) == plain_chunks and len(plain_chunks) > 1
+    assert list(TeolaRunnable(parsed, runtime=runtime).stream(question)) == list(parsed.stream(question))
+
+
 def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy, runtime):
     from langchain_community.llms.vllm import VLLMOpenAI
     from langchain_core.callbacks import BaseCallbackHandler

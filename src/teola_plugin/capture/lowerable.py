@@ -45,6 +45,9 @@ class LLMCallSpec:
     streamed_request: Mapping[str, Any] | None = None
     # A served model's own translation of its client's errors (raises; called while handling one).
     raise_error: Callable[[BaseException], None] | None = None
+    # The model's stream is its text's deltas; False when it carries more (a chat model with
+    # bound tools streams tool-call chunks), so a graph's token stream cannot stand in for it.
+    streams_text: bool = True
     to_completion_prompt: Callable[[str], Any] | None = None
     # LlamaIndex: the model's output parser applied to the text (what ``predict`` returns);
     # None when it has none.

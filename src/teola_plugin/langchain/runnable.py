@@ -177,17 +177,26 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     # ``stream_mode``) go to the chain's first step in plain LangChain; the plan has no place
     # for them, so such a call runs the chain itself, unchanged (its model-server calls still
     # go through the served engines), as does a chain that puts no work on an engine.
-    def _runs_as_is(self, input: Any) -> bool:
-        """Nothing of the chain runs on an engine (a LangGraph graph, an agent, a chain of
-        functions and models Teola does not serve): it runs as it is, with its own run tree,
-        streams, config and batch, and its model-server calls on the served engines. Not with
-        ``timeout_s``, which only a graph run enforces."""
-        if self.timeout_s is not None:
+    def _as_is(self, plan: ExecutionPlan | None, streaming: bool) -> bool:
+        """The one rule for running the chain as it is: nothing of it runs on an engine (a
+        LangGraph graph, an agent, a chain of functions and models Teola does not serve), or
+        the caller streams and a lowered call would stream less than the model (a chat model
+        with bound tools streams tool-call chunks; the graph streams text). Then it runs with
+        its own run tree, streams, config and batch, and its model-server calls on the served
+        engines. Not with ``timeout_s``, which only a graph run enforces; a chain that cannot
+        be traced (``plan`` None) takes the graph run, which reports why."""
+        if self.timeout_s is not None or plan is None:
             return False
+        return not plan.uses_engines or (streaming and not plan.trace.streams_text)
+
+    def _traced_or_none(self, layout: InputLayout) -> ExecutionPlan | None:
         try:
-            return not self._plan(input).uses_engines
+            return self._plan_for(layout)
         except Exception:  # noqa: BLE001 - the graph run reports it, as for any input
-            return False
+            return None
+
+    def _runs_as_is(self, input: Any, streaming: bool = False) -> bool:
+        return self.timeout_s is None and self._as_is(self._traced_or_none(InputLayout.of(input)), streaming)
 
     async def _aplan(self, input: Any) -> ExecutionPlan:
         """``_plan`` without blocking the caller's event loop: a known plan is a dict read (no
@@ -195,21 +204,17 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         plan = self._plans.get(InputLayout.of(input))
         return plan if plan is not None else await asyncio.to_thread(self._plan, input)
 
-    async def _aruns_as_is(self, input: Any) -> bool:
+    async def _aruns_as_is(self, input: Any, streaming: bool = False) -> bool:
         if self.timeout_s is not None:
             return False
-        try:
-            return not (await self._aplan(input)).uses_engines
-        except Exception:  # noqa: BLE001 - as _runs_as_is
-            return False
+        known = self._plans.get(InputLayout.of(input))
+        plan = known if known is not None else await asyncio.to_thread(self._traced_or_none, InputLayout.of(input))
+        return self._as_is(plan, streaming)
 
     def _streams_as_is(self) -> bool:
         """For calls whose input arrives as a stream (``transform``): judged on the layout the
         chain's input schema describes, before the first chunk."""
-        try:
-            return self.timeout_s is None and not self._plan_for(InputLayout.example(self.chain)).uses_engines
-        except Exception:  # noqa: BLE001 - as _runs_as_is
-            return False
+        return self.timeout_s is None and self._as_is(self._traced_or_none(InputLayout.example(self.chain)), True)
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs or self._runs_as_is(input):
@@ -293,7 +298,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
-        if kwargs or self._runs_as_is(input):
+        if kwargs or self._runs_as_is(input, streaming=True):
             yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
             return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
@@ -304,7 +309,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             yield input
 
         return self._chain_or_own(
-            lambda: _true() if kwargs else self._aruns_as_is(input),
+            lambda: _true() if kwargs else self._aruns_as_is(input, streaming=True),
             lambda: self.chain.astream(input, config, **kwargs),
             lambda: self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config)))
 
@@ -326,12 +331,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     # The event and log streams of a chain that runs as it is are its own (same runs, same
     # names); otherwise LangChain builds them from this runnable's ``astream``.
     def astream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
-        return self._chain_or_own(lambda: self._aruns_as_is(input),
+        return self._chain_or_own(lambda: self._aruns_as_is(input, streaming=True),
                                   lambda: self.chain.astream_events(input, config, **kwargs),
                                   lambda: super(TeolaRunnable, self).astream_events(input, config, **kwargs))
 
     def astream_log(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
-        return self._chain_or_own(lambda: self._aruns_as_is(input),
+        return self._chain_or_own(lambda: self._aruns_as_is(input, streaming=True),
                                   lambda: self.chain.astream_log(input, config, **kwargs),
                                   lambda: super(TeolaRunnable, self).astream_log(input, config, **kwargs))
 

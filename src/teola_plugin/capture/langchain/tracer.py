@@ -131,6 +131,9 @@ class LangChainTrace(Trace):
     layout: InputLayout
     output: OutputShape
     stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
+    # Every lowered call's stream is its text's tokens (what a graph run streams); False: one
+    # streams more (tool-call chunks), so a streamed call runs the chain as it is.
+    streams_text: bool = True
 
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""
@@ -193,6 +196,7 @@ class LangChainTracer:
         self.order = ModuleOrder(self.graph)
         self.stores: dict[str, tuple[str, Any]] = {}
         self.notes: list[ComponentNote] = []
+        self.streams_text = True  # every lowered call streams as its model does (see LangChainTrace)
         self._materialised: dict[int, tuple[Value, Ref]] = {}
         self.root: Any = None  # the chain traced (its sequence's steps carry seq:step tags)
         self._root_step: tuple[Any, str] | None = None  # (the root sequence's step being lowered, its tag)
@@ -345,7 +349,7 @@ class LangChainTracer:
             shape = self._record_shape(value)
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
-        return LangChainTrace(self.graph, layout, shape, dict(self.stores), notes=list(self.notes))
+        return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, notes=list(self.notes))
 
 
 def _streams(value: Value) -> OutputShape:

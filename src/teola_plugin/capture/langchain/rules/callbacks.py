@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.callbacks import CallbackManager
+from langchain_core.language_models.chat_models import _format_ls_structured_output  # generate's run options
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
@@ -34,17 +35,23 @@ from ...lowerable import LLMCallSpec
 from ..step_runs import with_step_tag
 
 
-def _callback_manager(model: Any, stop: list[str] | None, config: Any) -> CallbackManager | None:
+def _callback_manager(model: Any, stop: list[str] | None, config: Any,
+                      call_kwargs: Mapping[str, Any]) -> CallbackManager | None:
     model_callbacks, verbose = getattr(model, "callbacks", None), bool(getattr(model, "verbose", False))
     if not config.get("callbacks") and not model_callbacks and not verbose:
         return None
     metadata = dict(config.get("metadata") or {})
     try:
-        metadata.update(model._get_ls_params(stop=stop))
+        metadata.update(model._get_ls_params(stop=stop, **call_kwargs))
     except Exception:  # noqa: BLE001 - tracing metadata only
         pass
     return CallbackManager.configure(config.get("callbacks"), model_callbacks, verbose, config.get("tags"),
                                      getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
+
+
+def _structured_output_options(ls_format: Any) -> dict[str, Any]:
+    """The run options ``BaseChatModel.generate`` adds for a structured-output call."""
+    return _format_ls_structured_output(ls_format) if ls_format else {}
 
 
 def _streaming(manager: CallbackManager) -> bool:
@@ -103,27 +110,31 @@ def _invoke_message(result: Any, run: Any) -> Any:
 
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
-                   bound: Mapping[str, Any] | None = None, step: str | None = None) -> tuple[Callable, Callable]:
+                   bound: Mapping[str, Any] | None = None, step: str | None = None,
+                   call_kwargs: Mapping[str, Any] | None = None) -> tuple[Callable, Callable]:
     """``(report_start(prompt) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
     (from a served model's reply), else None. ``bound``: the tracing config of a
     ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it;
-    ``step``: the call's seq:step tag (``step_runs.py``)."""
+    ``step``: the call's seq:step tag (``step_runs.py``); ``call_kwargs``: the call's bound
+    arguments (tools), reported as ``BaseChatModel.generate`` reports them."""
     chat = spec.returns_message
+    kwargs = dict(call_kwargs or {})
+    structured = _structured_output_options(kwargs.pop("ls_structured_output_format", None))
 
     async def report_start(prompt: Any) -> Any:
         config = ensure_config()  # the caller's config, from the copied context
         if bound:
             config = merge_configs(config, dict(bound))
-        manager = with_step_tag(_callback_manager(model, stop, config), step)
+        manager = with_step_tag(_callback_manager(model, stop, config, kwargs), step)
         if manager is None:
             return None
         name = config.get("run_name")
         try:
-            params = model._get_invocation_params(stop=stop)
+            params = model._get_invocation_params(stop=stop, **kwargs)
         except Exception:  # noqa: BLE001
             params = dict(spec.sampling_params or {})
-        serialized, options = getattr(model, "_serialized", {}), {"stop": stop}
+        serialized, options = getattr(model, "_serialized", {}), {"stop": stop, **structured}
 
         def start() -> Any:  # user handlers may block (HTTP tracers): never on the runtime loop
             if chat:

@@ -10,6 +10,7 @@ the decoded text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -62,8 +63,14 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
 
 
 
-def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> LLMCallSpec:
-    """The engine call ``model.invoke(..., stop=stop)`` makes; NotLowerable if unknown."""
+def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None,
+              call_kwargs: Mapping[str, Any] | None = None) -> LLMCallSpec:
+    """The engine call ``model.invoke(..., stop=stop, **call_kwargs)`` makes; NotLowerable if unknown."""
+    if is_served_model(model):
+        return served_call_spec(model, t.planner.served_engine, stop, call_kwargs)
+    if call_kwargs:
+        raise NotLowerable(f"bound model arguments {sorted(call_kwargs)} (only stop is lowered, and a served "
+                           "chat model's tools)")
     if isinstance(model, LowerableLLM):
         changed = overridden_lowered_calls(model)
         if changed:
@@ -75,22 +82,23 @@ def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None) -> 
         if stop:  # an explicit stop replaces the model's own (an empty one clears it)
             params["stop"] = list(stop)
         return replace(spec, sampling_params=params)
-    if is_served_model(model):
-        return served_call_spec(model, t.planner.served_engine, stop)
     return foreign_call_spec(model, t.engine_models, stop)
 
 
 def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None = None,
                  bound: dict[str, Any] | None = None, step: str | None = None,
+                 call_kwargs: Mapping[str, Any] | None = None,
                  **decode_attrs: Any) -> tuple[Primitive, LLMCallSpec, Traced, Ref]:
     """format -> llm_prefill -> llm_decode for ``model`` on ``value`` (``bound``: the tracing
-    config of a ``with_config`` binding, ``step``: its seq:step tag, for the callback run);
-    returns the decode, the call spec, the reply text (after the callback report) and the
-    reply message (the model's own, from a served model's reply; else None at run time)."""
-    spec = call_spec(t, model, stop)
+    config of a ``with_config`` binding, ``step``: its seq:step tag, for the callback run;
+    ``call_kwargs``: a binding's call arguments, e.g. tools); returns the decode, the call
+    spec, the reply text (after the callback report) and the reply message (the model's
+    own, from a served model's reply; else None at run time)."""
+    spec = call_spec(t, model, stop, call_kwargs)
+    t.streams_text = t.streams_text and spec.streams_text
     origin = component_name(model)
     fmt, est_tokens = _prompt_format(t, value, spec, origin)
-    report_start, report_end = call_reporters(model, spec, stop, bound, step)
+    report_start, report_end = call_reporters(model, spec, stop, bound, step, call_kwargs)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
     decode = emit_llm_call(t.add, fmt.out(), spec, origin, est_tokens, listener=started.out("run"), **decode_attrs)
@@ -101,8 +109,9 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
 
 
 def _lower_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] | None,
-                bound: dict[str, Any] | None = None, step: str | None = None) -> Value:
-    _, spec, text, message = add_llm_call(t, model, value, stop, bound, step)
+                bound: dict[str, Any] | None = None, step: str | None = None,
+                call_kwargs: Mapping[str, Any] | None = None) -> Value:
+    _, spec, text, message = add_llm_call(t, model, value, stop, bound, step, call_kwargs)
     if not spec.returns_message:
         return text
     return ChatReply(text, message if spec.to_result is not None else None)
@@ -128,9 +137,10 @@ def _plain_bindings() -> tuple[type, ...]:
 
 @lowering(RunnableBinding)
 def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) -> Value:
-    """``model.bind(stop=...)`` runs the model with that stop; ``x.with_config(tags=...)``
-    runs ``x`` (those keys only name the run for tracing; a model's call run keeps them).
-    A chat model's binding (``_ChatModelBinding``) is the same binding."""
+    """``model.bind(stop=...)`` runs the model with that stop (a served chat model's
+    ``bind_tools(...)`` with those tools: ``served.py``); ``x.with_config(tags=...)`` runs
+    ``x`` (those keys only name the run for tracing; a model's call run keeps them). A chat
+    model's binding (``_ChatModelBinding``) is the same binding."""
     if type(binding) not in _plain_bindings() or binding.config_factories:
         raise NotLowerable(f"{type(binding).__name__} with config factories or a custom binding")
     extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG)
@@ -139,11 +149,9 @@ def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) ->
     kwargs = dict(binding.kwargs)
     if isinstance(binding.bound, BaseLanguageModel):
         stop = kwargs.pop("stop", None)
-        if kwargs:
-            raise NotLowerable(f"bound model arguments {sorted(kwargs)} (only stop is lowered)")
         tracing = {k: binding.config[k] for k in ("run_name", "tags", "metadata") if binding.config.get(k)}
         return _lower_call(t, binding.bound, value, None if stop is None else list(stop), tracing,
-                           t.step_tag_of(binding))
+                           t.step_tag_of(binding), kwargs)
     if kwargs:
         raise NotLowerable(f"bound arguments {sorted(kwargs)}")
     return t.lower(binding.bound, value)

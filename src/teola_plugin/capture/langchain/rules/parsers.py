@@ -7,6 +7,11 @@ directly (no ``AIMessage`` is built) and returns what the parser returns, raisin
 parser's own ``invoke`` on that text, so the parser's run is reported as plain reports it.
 Subclasses may override ``parse_result`` and run unchanged; so do parsers whose input is not
 known to be text.
+
+The tool-call parsers (``JsonOutputToolsParser``, ``JsonOutputKeyToolsParser``,
+``PydanticToolsParser``: what ``bind_tools`` chains and ``with_structured_output(...,
+method="function_calling")`` end with) read the reply message's tool calls, so their step
+calls the parser's own ``invoke`` on the model's own ``AIMessage``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 
 from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListOutputParser, JsonOutputParser,
                                            MarkdownListOutputParser, NumberedListOutputParser)
+from langchain_core.output_parsers.openai_tools import (JsonOutputKeyToolsParser, JsonOutputToolsParser,
+                                                        PydanticToolsParser)
 from langchain_core.runnables.config import ensure_config
 
 from ....ir.ops import Op
@@ -32,8 +39,13 @@ except ImportError:  # langchain-classic is optional
     LineListOutputParser = None
 
 
+TOOL_CALL_PARSERS: set[type] = {JsonOutputToolsParser, JsonOutputKeyToolsParser, PydanticToolsParser}
+
+
 @lowering(BaseOutputParser)
 def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
+    if type(parser) in TOOL_CALL_PARSERS:
+        return _lower_tool_call_parser(t, parser, value)
     if type(parser) not in LOWERED:
         raise NotLowerable(f"no lowering rule for {type(parser).__name__}")
     text = value.text if isinstance(value, ChatReply) else value
@@ -54,4 +66,20 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     source = text.tokens_from  # the decode this text is, if any: a `.map()` after it may pipeline
     if type(parser) is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
         return Traced(prim.out(OUT), lines_of=source)
+    return Traced(prim.out(OUT))
+
+
+def _lower_tool_call_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
+    """The parser's own ``invoke`` on the reply message (a pure CPU step)."""
+    if not isinstance(value, ChatReply):
+        raise NotLowerable("input is not known to be a chat model's reply")
+    invoke, tag = parser.invoke, t.step_tag_of(parser)
+
+    async def parse_message(message: Any) -> Any:
+        if not ensure_config().get("callbacks"):
+            return invoke(message, step_config(tag))
+        return await in_framework_thread(invoke, message, step_config(tag))  # handlers may block
+
+    prim = t.add(Op.OPAQUE, name="parse_tool_calls", inputs={"message": t.materialise(value)}, outputs=[OUT],
+                 origin=component_name(parser), attrs={"fn": parse_message, "pure": True})
     return Traced(prim.out(OUT))

@@ -15,19 +15,26 @@ Completion models: the body is ``_generate``'s (``_invocation_params``, ``stop``
 a call the caller streams is sent non-streaming (their ``_stream`` sends another body) and
 arrives as one chunk.
 
+Bound tools (``model.bind_tools(...)``, ``with_structured_output(..., method="function_calling")``)
+are arguments of the call: the body is ``_get_request_payload(input, stop=stop, **kwargs)``,
+as ``invoke`` builds it, and the reply's tool calls come back through
+``_create_chat_result``. vLLM serves them with ``--enable-auto-tool-choice`` (a named
+``tool_choice`` or ``"required"`` constrains the arguments to the tool's JSON schema).
+
 Stays the model's own call (reason in ``explain()``): a subclass, the Responses API,
 ``streaming=True``, ``n > 1`` / ``best_of``, response headers, ``max_tokens=-1`` (a tiktoken
-count), and (as for every model) bound tools or structured output, which arrive as bound
-arguments the tracer does not lower.
+count), a bound ``response_format`` (``with_structured_output``'s default ``json_schema``
+method: its client's ``parse`` call) and any other bound argument.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...lowerable import DEFAULT_MAX_TOKENS
+from collections.abc import Mapping
+
+from ...lowerable import DEFAULT_MAX_TOKENS, LLMCallSpec
 from ...served_models import UnreproducibleClient, installed_classes, server_endpoint
-from ...lowerable import LLMCallSpec
 from ..tracer import NotLowerable
 
 
@@ -52,24 +59,35 @@ def _endpoint(model: Any) -> Any:
         raise NotLowerable(f"{type(model).__name__}: {exc}") from None
 
 
-def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> LLMCallSpec:
-    """The call spec of a ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI``; ``served_engine(endpoint)``
-    names its engine."""
+# A chat model's bound call arguments that are lowered: they only add to the request body
+# (``ls_structured_output_format`` only names the call's run for tracing).
+LOWERED_CALL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format")
+
+
+def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
+                     call_kwargs: Mapping[str, Any] | None = None) -> LLMCallSpec:
+    """The call spec of a ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI`` called with ``stop`` and
+    the bound ``call_kwargs``; ``served_engine(endpoint)`` names its engine."""
+    name = type(model).__name__
+    extra = sorted(set(call_kwargs or {}) - set(LOWERED_CALL_KWARGS))
+    if extra or (call_kwargs and type(model) in _completion_classes()):
+        raise NotLowerable(f"{name} with bound arguments {extra or sorted(call_kwargs or {})} "
+                           f"(lowered: stop; a chat model's {', '.join(LOWERED_CALL_KWARGS[:3])})")
     if type(model) in _completion_classes():
         return _completion_call_spec(model, served_engine, stop)
-    name = type(model).__name__
+    request_kwargs = {k: v for k, v in (call_kwargs or {}).items() if k != "ls_structured_output_format"}
     if model.streaming:
         raise NotLowerable(f"{name}(streaming=True) sends streaming requests (its own code runs)")
     if (model.n or 1) != 1:
         raise NotLowerable(f"{name} with n={model.n} (one completion per call is lowered)")
     if model.include_response_headers:
         raise NotLowerable(f"{name}(include_response_headers=True): the headers are its client's")
-    if model._use_responses_api({}):
+    if model._use_responses_api(request_kwargs):
         raise NotLowerable(f"{name} uses the Responses API")
     endpoint = _endpoint(model)
 
     def to_engine_prompt(input: Any) -> dict[str, Any]:
-        return model._get_request_payload(input, stop=stop)  # what invoke(input, stop=stop) sends
+        return model._get_request_payload(input, stop=stop, **request_kwargs)  # what invoke(input, stop=stop) sends
 
     def to_result(response: Any) -> Any:
         if isinstance(response, tuple):  # a streamed call: the chunks, merged as model.stream() merges them
@@ -82,7 +100,8 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None) -> 
 
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
                        to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
-                       raise_error=raise_as_chat_openai, streamed_request=streamed)
+                       raise_error=raise_as_chat_openai, streamed_request=streamed,
+                       streams_text="tools" not in request_kwargs)
 
 
 def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
