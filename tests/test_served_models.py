@@ -439,13 +439,14 @@ def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(re
     assert TeolaRunnable(words_chain, runtime=runtime)._plan(question).trace.opaque[0].component == "upper_words"
 
 
-def test_bound_tools_are_lowered_and_stream_as_the_model_does(recording_proxy, runtime):
-    """``bind_tools`` and ``with_structured_output(method="function_calling")`` as LangChain's
-    tool-calling docs write them: the call is lowered (its body carries the tools, as plain's),
-    the reply's tool calls and the parsed objects are plain's, and the model's run reports the
-    same invocation parameters. A named ``tool_choice`` makes the bundled model's arguments
-    valid by construction. Streamed, the chain runs as it is (the model streams tool-call
-    chunks, which a graph's token stream cannot reproduce): plain's chunks exactly."""
+def test_bound_tools_and_structured_output_are_lowered_and_stream_as_the_model_does(recording_proxy, runtime):
+    """``bind_tools`` and ``with_structured_output`` (function calling, and the default
+    json_schema response format) as LangChain's docs write them: the call is lowered (its body
+    carries the tools / response format, as plain's), the reply's tool calls and the parsed
+    objects are plain's, and the model's run reports the same invocation parameters. A named
+    ``tool_choice`` and a json_schema response format make the bundled model's output valid
+    by construction. Streamed, the chain runs as it is (the model streams tool-call chunks,
+    which a graph's token stream cannot reproduce): plain's chunks exactly."""
     from langchain_core.output_parsers.openai_tools import PydanticToolsParser
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.tracers.context import collect_runs
@@ -490,6 +491,26 @@ def test_bound_tools_are_lowered_and_stream_as_the_model_does(recording_proxy, r
     fast_structured = TeolaRunnable(structured, runtime=runtime)
     assert "ChatOpenAI" not in {n.component for n in fast_structured._plan(question).trace.opaque}
     assert fast_structured.invoke(question) == structured.invoke(question)
+
+    class Person(BaseModel):
+        """A person."""
+
+        name: str
+        city: str
+
+    # with_structured_output's default method: a json_schema response format, sent through the
+    # client's parse (vLLM constrains the reply to the schema)
+    described = ChatPromptTemplate.from_messages([("human", "Describe {who} with a name and a city.")]) \
+        | model.with_structured_output(Person)
+    fast_described = TeolaRunnable(described, runtime=runtime)
+    assert "ChatOpenAI" not in {n.component for n in fast_described._plan({"who": "x"}).trace.opaque}
+    recording_proxy.take()
+    plain_person = described.invoke({"who": "Ada Lovelace"})
+    sent_plain = recording_proxy.take()
+    assert fast_described.invoke({"who": "Ada Lovelace"}) == plain_person and isinstance(plain_person, Person)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["response_format"]["type"] == \
+        "json_schema"
+    assert list(fast_described.stream({"who": "Ada Lovelace"})) == list(described.stream({"who": "Ada Lovelace"}))
 
     def chunks(stream) -> list:  # tool call ids are the server's random ones
         return [(type(c).__name__, c.content, [(t["name"], t["args"], t["index"]) for t in c.tool_call_chunks])

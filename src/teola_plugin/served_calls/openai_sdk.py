@@ -31,6 +31,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
+from ..capture.chat_parse import ChatParse
 from ..capture.served_models import UnreproducibleClient, client_endpoint
 from ..engines.llm_served import ENGINE_CLIENT_MARK
 from ..runtime.bridge import engine_stream, iterate_async, iterate_sync
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 _ORIGINAL = "__teola_original__"
 _RAW_HEADER = "X-Stainless-Raw-Response"  # openai._constants.RAW_RESPONSE_HEADER
-_HELPER_HEADER = "X-Stainless-Helper-Method"  # what parse() adds to the request's headers
 
 
 def _resources() -> tuple[tuple[type, bool], ...]:
@@ -123,6 +123,12 @@ class RelayedStream:
         self._first.clear()
         self._chunks.close()  # type: ignore[attr-defined]  # cancels the engine request
 
+    @property
+    def response(self) -> RelayedStream:
+        """What the SDK's stream helpers (``chat.completions.stream``, LangChain's structured
+        output stream) close when done: the stream's HTTP response, here the stream itself."""
+        return self
+
     def __enter__(self) -> RelayedStream:
         return self
 
@@ -159,6 +165,13 @@ class RelayedAsyncStream:
         self._first.clear()
         await self._chunks.aclose()  # type: ignore[attr-defined]
 
+    aclose = close  # the HTTP response's name for it (see ``response``)
+
+    @property
+    def response(self) -> RelayedAsyncStream:
+        """What the SDK's async stream helpers close (``await response.aclose()``)."""
+        return self
+
     async def __aenter__(self) -> RelayedAsyncStream:
         return self
 
@@ -181,37 +194,22 @@ class SentRequest:
 
 
 class ParsedRequest(SentRequest):
-    """``chat.completions.parse(**request)`` as the ``create`` request it posts (the same body:
-    the schema class as its response-format param, ``stream`` false, parse's helper header),
-    and the SDK's own parse of the reply into a ``ParsedChatCompletion``."""
+    """``chat.completions.parse(**request)`` as the ``create`` request it posts and the SDK's
+    own parse of the reply (``capture/chat_parse.py``)."""
 
     @staticmethod
     def relays(request: Mapping[str, Any]) -> bool:
         return not request.get("stream")  # parse's own refusal of stream=True stays its own
 
     def __init__(self, request: Mapping[str, Any]) -> None:
-        from openai.lib._parsing import type_to_response_format_param, validate_input_tools
-
-        self.response_format = request.get("response_format")
-        self.input_tools = validate_input_tools(request["tools"]) if "tools" in request else None
+        self.parse = ChatParse(request)
         self.raw = (request.get("extra_headers") or {}).get(_RAW_HEADER) == "true"
-        headers = {_HELPER_HEADER: "chat.completions.parse", **(request.get("extra_headers") or {})}
-        self.create = {**request, "stream": False, "extra_headers": headers}
-        if "response_format" in request:
-            self.create["response_format"] = type_to_response_format_param(self.response_format)
-
-    def _parsed(self, completion: Any) -> Any:
-        from openai import omit
-        from openai.lib._parsing import parse_chat_completion
-
-        return parse_chat_completion(
-            response_format=omit if self.response_format is None else self.response_format,
-            chat_completion=completion, input_tools=omit if self.input_tools is None else self.input_tools)
+        self.create = self.parse.create
 
     def reply(self, reply: Any) -> Any:
         """What ``parse`` returns for the relayed ``create``'s reply (raw: a raw response
         whose ``parse()`` is parse's)."""
-        return ParsedRawResponse(reply, self._parsed) if self.raw else self._parsed(reply)
+        return ParsedRawResponse(reply, self.parse.parsed) if self.raw else self.parse.parsed(reply)
 
 
 class ParsedRawResponse:

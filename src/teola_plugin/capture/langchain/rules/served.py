@@ -15,16 +15,17 @@ Completion models: the body is ``_generate``'s (``_invocation_params``, ``stop``
 a call the caller streams is sent non-streaming (their ``_stream`` sends another body) and
 arrives as one chunk.
 
-Bound tools (``model.bind_tools(...)``, ``with_structured_output(..., method="function_calling")``)
-are arguments of the call: the body is ``_get_request_payload(input, stop=stop, **kwargs)``,
-as ``invoke`` builds it, and the reply's tool calls come back through
-``_create_chat_result``. vLLM serves them with ``--enable-auto-tool-choice`` (a named
-``tool_choice`` or ``"required"`` constrains the arguments to the tool's JSON schema).
+Bound tools and structured output (``model.bind_tools(...)``, ``with_structured_output(...)``
+by any method) are arguments of the call: the body is ``_get_request_payload(input,
+stop=stop, **kwargs)``, as ``invoke`` builds it; with a ``response_format`` it is what the
+client's ``parse`` posts (``capture/chat_parse.py``), and the reply is parsed by the SDK as
+``parse`` parses it before ``_create_chat_result`` (the message's ``parsed`` object, tool
+calls). vLLM constrains both: a named ``tool_choice`` or ``"required"`` to the tool's JSON
+schema (``--enable-auto-tool-choice``), a ``json_schema`` response format to the schema.
 
 Stays the model's own call (reason in ``explain()``): a subclass, the Responses API,
 ``streaming=True``, ``n > 1`` / ``best_of``, response headers, ``max_tokens=-1`` (a tiktoken
-count), a bound ``response_format`` (``with_structured_output``'s default ``json_schema``
-method: its client's ``parse`` call) and any other bound argument.
+count), and any other bound argument.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from collections.abc import Mapping
 
+from ...chat_parse import ChatParse
 from ...lowerable import DEFAULT_MAX_TOKENS, LLMCallSpec
 from ...served_models import UnreproducibleClient, installed_classes, server_endpoint
 from ..tracer import NotLowerable
@@ -61,7 +63,7 @@ def _endpoint(model: Any) -> Any:
 
 # A chat model's bound call arguments that are lowered: they only add to the request body
 # (``ls_structured_output_format`` only names the call's run for tracing).
-LOWERED_CALL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format")
+LOWERED_CALL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "ls_structured_output_format")
 
 
 def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
@@ -72,7 +74,7 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
     extra = sorted(set(call_kwargs or {}) - set(LOWERED_CALL_KWARGS))
     if extra or (call_kwargs and type(model) in _completion_classes()):
         raise NotLowerable(f"{name} with bound arguments {extra or sorted(call_kwargs or {})} "
-                           f"(lowered: stop; a chat model's {', '.join(LOWERED_CALL_KWARGS[:3])})")
+                           f"(lowered: stop; a chat model's {', '.join(LOWERED_CALL_KWARGS[:4])})")
     if type(model) in _completion_classes():
         return _completion_call_spec(model, served_engine, stop)
     request_kwargs = {k: v for k, v in (call_kwargs or {}).items() if k != "ls_structured_output_format"}
@@ -86,22 +88,31 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
         raise NotLowerable(f"{name} uses the Responses API")
     endpoint = _endpoint(model)
 
+    # A response format: _generate posts the payload through its client's parse, and parses the reply.
+    parse = ChatParse(request_kwargs) if "response_format" in request_kwargs else None
+
     def to_engine_prompt(input: Any) -> dict[str, Any]:
-        return model._get_request_payload(input, stop=stop, **request_kwargs)  # what invoke(input, stop=stop) sends
+        payload = model._get_request_payload(input, stop=stop, **request_kwargs)  # what invoke(input, stop=stop) sends
+        if parse is None:
+            return payload
+        payload.pop("stream", None)
+        return ChatParse(payload).create
 
     def to_result(response: Any) -> Any:
         if isinstance(response, tuple):  # a streamed call: the chunks, merged as model.stream() merges them
             return _streamed_result(model, response)
-        return model._create_chat_result(response, {})
+        return model._create_chat_result(response if parse is None else parse.parsed(response), {})
 
-    streamed = {"stream": True}  # what its _stream adds to the same payload
-    if model._should_stream_usage():
+    streamed: dict[str, Any] | None = {"stream": True}  # what its _stream adds to the same payload
+    if parse is not None:  # its _stream calls the client's parse stream: not reproduced, sent as invoke sends it
+        streamed = None
+    elif model._should_stream_usage():
         streamed["stream_options"] = {"include_usage": True}
 
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
                        to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
                        raise_error=raise_as_chat_openai, streamed_request=streamed,
-                       streams_text="tools" not in request_kwargs)
+                       streams_text=not request_kwargs)
 
 
 def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
