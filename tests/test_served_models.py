@@ -512,6 +512,11 @@ def test_bound_tools_and_structured_output_are_lowered_and_stream_as_the_model_d
         "json_schema"
     assert list(fast_described.stream({"who": "Ada Lovelace"})) == list(described.stream({"who": "Ada Lovelace"}))
 
+    async def astream(runnable) -> list:  # the relayed async stream, closed by the SDK's stream helper
+        return [chunk async for chunk in runnable.astream({"who": "Ada Lovelace"})]
+
+    assert asyncio.run(astream(fast_described)) == asyncio.run(astream(described))
+
     def chunks(stream) -> list:  # tool call ids are the server's random ones
         return [(type(c).__name__, c.content, [(t["name"], t["args"], t["index"]) for t in c.tool_call_chunks])
                 for c in stream]
