@@ -146,6 +146,25 @@ def test_same_prompts_nodes_and_answers_as_plain_llamaindex(runtime, index, llm,
         assert len(sent_teola) == top_k
 
 
+def test_citation_query_engine_is_lowered_with_plains_prompts_and_sources(runtime, index, llm, executor):
+    """``CitationQueryEngine.from_args`` as LlamaIndex's citation guide writes it: retrieval
+    lowered, the numbered source chunks made by its own code, the citation prompts sent as
+    plain sends them, the same answer and sources (chunks get new ids in both)."""
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    query_engine = CitationQueryEngine.from_args(index, llm=llm, similarity_top_k=2, citation_chunk_size=256)
+    assert executor.traced(query_engine).opaque == []
+    question = QUESTIONS[0]
+    with plain_prompts() as sent_plain:
+        plain = query_engine.query(question)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(query_engine, question)
+    assert sent_teola == sent_plain and "Source 1:" in str(sent_plain[0])
+    assert teola.response == plain.response
+    texts = lambda response: [n.node.get_content() for n in response.source_nodes]  # noqa: E731
+    assert texts(teola) == texts(plain) and texts(plain)[0].startswith("Source 1:")
+
+
 def test_trace_lowers_the_retrieval_and_expands_synthesis(index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
     graph = executor.trace(query_engine)

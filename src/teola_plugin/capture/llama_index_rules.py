@@ -24,6 +24,7 @@ from llama_index.core.postprocessor import (
     MetadataReplacementPostProcessor,
     SimilarityPostprocessor,
 )
+from llama_index.core.query_engine.citation_query_engine import CitationQueryEngine
 from llama_index.core.query_engine.retriever_query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers import (
     Accumulate,
@@ -66,6 +67,20 @@ def lower_retriever_query_engine(tr: LlamaIndexTracer, engine: RetrieverQueryEng
         nodes = tr.lower_postprocessor(postprocessor, nodes)
     response = tr.lower_synthesizer(engine._response_synthesizer, nodes)
     return {"nodes": nodes} if response is None else {"response": response, "nodes": nodes}
+
+
+@lowering_rule(QUERY_ENGINE_RULES, CitationQueryEngine)
+def lower_citation_query_engine(tr: LlamaIndexTracer, engine: CitationQueryEngine) -> dict[str, Ref]:
+    """``CitationQueryEngine``: its ``retrieve`` (retriever -> node postprocessors) -> its own
+    ``_create_citation_nodes`` (each node split into numbered "Source N:" chunks) -> the
+    response synthesizer with its citation prompts; the answer's sources are those chunks."""
+    nodes = tr.lower_retriever(engine._retriever)
+    for postprocessor in engine._node_postprocessors:
+        nodes = tr.lower_postprocessor(postprocessor, nodes)
+    cited = tr.cpu_step("citation_nodes", lambda nodes: engine._create_citation_nodes(nodes), {"nodes": nodes},
+                        type(engine).__name__)
+    response = tr.lower_synthesizer(engine._response_synthesizer, cited)
+    return {"nodes": cited} if response is None else {"response": response, "nodes": cited}
 
 
 def check_vector_retriever(retriever: VectorIndexRetriever) -> None:
