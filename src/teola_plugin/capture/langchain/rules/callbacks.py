@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.callbacks import CallbackManager
-from langchain_core.language_models.chat_models import _format_ls_structured_output  # generate's run options
-from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata  # invoke's own merge
+from langchain_core.language_models.chat_models import (  # generate's run options, invoke's own merge
+    _format_ls_structured_output, _gen_info_and_msg_metadata)
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
