@@ -224,14 +224,16 @@ def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_relayed(recor
     assert relayed(served_runtime) - before == len(recording_proxy.take()) == plain_calls >= 1
 
 
-def test_structured_output_with_a_schema_class_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
+def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
     """``ChatOpenAI.with_structured_output(Schema)`` (LangChain's structured-output guide)
-    ends in the SDK's ``chat.completions.parse``: relayed with plain's body (the schema as
-    vLLM's JSON-schema constraint: valid by construction), parsed by the SDK into the same
-    object, sync and async."""
+    ends in the SDK's ``chat.completions.parse``. Called by code Teola runs as it is (a
+    function step; in an LCEL chain the call itself is lowered: ``test_served_models``), it
+    is relayed with plain's body (the schema as vLLM's JSON-schema constraint: valid by
+    construction) and parsed by the SDK into the same object, sync and async."""
     from typing import Literal
 
     from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableLambda
     from pydantic import BaseModel, Field
 
     class Place(BaseModel):
@@ -242,16 +244,21 @@ def test_structured_output_with_a_schema_class_is_relayed_and_parsed_as_plain(re
 
     chain = (ChatPromptTemplate.from_template("Where is the {landmark}?")
              | chat_openai(recording_proxy.base_url, max_tokens=40).with_structured_output(Place))
-    fast = TeolaRunnable(chain, runtime=served_runtime)
+
+    async def alocate(question: dict) -> Place:
+        return await chain.ainvoke(question)
+
+    code = RunnableLambda(lambda question: chain.invoke(question), afunc=alocate)
+    fast = TeolaRunnable(code, runtime=served_runtime)
     question = {"landmark": "Eiffel Tower"}
     recording_proxy.take()
-    plain = chain.invoke(question)
+    plain = code.invoke(question)
     sent_plain = recording_proxy.take()
     before = relayed(served_runtime)
     got = fast.invoke(question)
     assert type(got) is Place and got == plain
     assert bodies(recording_proxy.take()) == bodies(sent_plain) and "response_format" in sent_plain[0][1]
-    assert asyncio.run(fast.ainvoke(question)) == asyncio.run(chain.ainvoke(question))
+    assert asyncio.run(fast.ainvoke(question)) == asyncio.run(code.ainvoke(question))
     assert relayed(served_runtime) - before == 2
 
 
