@@ -165,6 +165,28 @@ def test_citation_query_engine_is_lowered_with_plains_prompts_and_sources(runtim
     assert texts(teola) == texts(plain) and texts(plain)[0].startswith("Source 1:")
 
 
+def test_document_summary_index_query_engine_is_lowered(runtime, llm, executor):
+    """``DocumentSummaryIndex.from_documents(...).as_query_engine()`` as LlamaIndex's guide
+    writes it: the query embedding on the engine, the summaries searched by its own code,
+    the same prompts, answer and source nodes as plain."""
+    from llama_index.core import DocumentSummaryIndex
+    from llama_index.core.node_parser import SentenceSplitter
+
+    docs = [Document(text=p.text, id_=p.id) for p in datasets.load_corpus("squad-xquad-en")[:3]]
+    summaries = DocumentSummaryIndex.from_documents(docs, llm=llm, embed_model=TeolaEmbedding(runtime=runtime),
+                                                    transformations=[SentenceSplitter(chunk_size=256)])
+    query_engine = summaries.as_query_engine(llm=llm)
+    assert executor.traced(query_engine).opaque == []
+    question = QUESTIONS[0]
+    with plain_prompts() as sent_plain:
+        plain = query_engine.query(question)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(query_engine, question)
+    assert sent_teola == sent_plain and sent_plain
+    assert teola.response == plain.response and ids(teola.source_nodes) == ids(plain.source_nodes)
+    assert {"embed"} <= {s.op for s in runtime.timeline.spans([executor.last_query_id])}
+
+
 def test_trace_lowers_the_retrieval_and_expands_synthesis(index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
     graph = executor.trace(query_engine)

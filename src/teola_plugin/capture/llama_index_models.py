@@ -8,6 +8,9 @@
   own call, and the reason is noted.
 * ``SummaryIndexRetriever`` (``SummaryIndex.as_query_engine()``) returns every node of its
   index: a CPU step calling its own ``retrieve``, not reported as opaque.
+* ``DocumentSummaryIndexEmbeddingRetriever`` (``DocumentSummaryIndex.as_query_engine()``):
+  the query embedding on the embedder engine (as a vector retriever's), then its own
+  ``_retrieve`` with that embedding (the summaries' search, each summary's document nodes).
 * ``BM25Retriever`` (llama-index-retrievers-bm25) keeps its own index and tokenizer (stemmer,
   stopwords), which Teola's ``search`` engine (its own BM25 over its own corpus) does not
   reproduce, so it is a pure CPU step calling its own ``retrieve``: it still runs
@@ -16,9 +19,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from llama_index.core.indices.document_summary.retrievers import DocumentSummaryIndexEmbeddingRetriever
 from llama_index.core.indices.list.retrievers import SummaryIndexRetriever
+from llama_index.core.schema import QueryBundle
 
 from ..ir.node import Ref
 from .llama_index import RETRIEVER_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
@@ -72,6 +78,20 @@ def lower_summary_index_retriever(tr: LlamaIndexTracer, retriever: SummaryIndexR
     as any query engine's)."""
     return tr.cpu_step("summary_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
                        type(retriever).__name__, pure=False)
+
+
+@lowering_rule(RETRIEVER_RULES, DocumentSummaryIndexEmbeddingRetriever)
+def lower_document_summary_retriever(tr: LlamaIndexTracer, retriever: DocumentSummaryIndexEmbeddingRetriever) -> Ref:
+    origin = type(retriever).__name__
+    if not retriever._vector_store.is_embedding_query:
+        raise NotLowerable(f"its vector store {type(retriever._vector_store).__name__} does not search by embedding")
+    vector = tr.lower_query_vector(retriever._embed_model, origin, retriever._retrieve)
+
+    def retrieve(query: QueryBundle, vector: list[Any]) -> list[Any]:
+        with_embedding = dataclasses.replace(query, embedding=vector[0])  # plain sets it on the query
+        return retriever._handle_recursive_retrieval(query, retriever._retrieve(with_embedding))
+
+    return tr.cpu_step("summary_retrieve", retrieve, {"query": tr.query, "vector": vector}, origin, pure=False)
 
 
 # -- LLMs --------------------------------------------------------------------------------------
