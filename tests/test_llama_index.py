@@ -146,6 +146,15 @@ def test_same_prompts_nodes_and_answers_as_plain_llamaindex(runtime, index, llm,
         assert len(sent_teola) == top_k
 
 
+def query_both(runtime, executor, query_engine, question: str) -> tuple[Any, Any, list[Any], list[Any]]:
+    """Plain's response and Teola's, with the requests each sent to vLLM."""
+    with plain_prompts() as sent_plain:
+        plain = query_engine.query(question)
+    with teola_prompts(runtime) as sent_teola:
+        teola = executor.query(query_engine, question)
+    return plain, teola, sent_plain, sent_teola
+
+
 def test_citation_query_engine_is_lowered_with_plains_prompts_and_sources(runtime, index, llm, executor):
     """``CitationQueryEngine.from_args`` as LlamaIndex's citation guide writes it: retrieval
     lowered, the numbered source chunks made by its own code, the citation prompts sent as
@@ -154,11 +163,7 @@ def test_citation_query_engine_is_lowered_with_plains_prompts_and_sources(runtim
 
     query_engine = CitationQueryEngine.from_args(index, llm=llm, similarity_top_k=2, citation_chunk_size=256)
     assert executor.traced(query_engine).opaque == []
-    question = QUESTIONS[0]
-    with plain_prompts() as sent_plain:
-        plain = query_engine.query(question)
-    with teola_prompts(runtime) as sent_teola:
-        teola = executor.query(query_engine, question)
+    plain, teola, sent_plain, sent_teola = query_both(runtime, executor, query_engine, QUESTIONS[0])
     assert sent_teola == sent_plain and "Source 1:" in str(sent_plain[0])
     assert teola.response == plain.response
     texts = lambda response: [n.node.get_content() for n in response.source_nodes]  # noqa: E731
@@ -177,11 +182,7 @@ def test_document_summary_index_query_engine_is_lowered(runtime, llm, executor):
                                                     transformations=[SentenceSplitter(chunk_size=256)])
     query_engine = summaries.as_query_engine(llm=llm)
     assert executor.traced(query_engine).opaque == []
-    question = QUESTIONS[0]
-    with plain_prompts() as sent_plain:
-        plain = query_engine.query(question)
-    with teola_prompts(runtime) as sent_teola:
-        teola = executor.query(query_engine, question)
+    plain, teola, sent_plain, sent_teola = query_both(runtime, executor, query_engine, QUESTIONS[0])
     assert sent_teola == sent_plain and sent_plain
     assert teola.response == plain.response and ids(teola.source_nodes) == ids(plain.source_nodes)
     assert {"embed"} <= {s.op for s in runtime.timeline.spans([executor.last_query_id])}

@@ -29,10 +29,10 @@ from typing import Any, TypeVar
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
+from .engine_starts import SharedStarts, not_started_message, start_problem
 from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
-from .engine_starts import SharedStarts, not_started_message, start_problem
 from .loop_thread import LoopThread
 from .ray_startup import connect_ray
 from .timeline import Timeline
