@@ -51,18 +51,9 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     text = value.text if isinstance(value, ChatReply) else value
     if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
         raise NotLowerable("input is not known to be a str or a chat reply")
-    parse, invoke, tag = parser.parse, parser.invoke, t.step_tag_of(parser)
-
-    async def parse_output(text: str) -> Any:
-        if not ensure_config().get("callbacks"):
-            return parse(text)
-        # Someone listens: the parser's own invoke reports its run (as plain's step does),
-        # off the runtime loop (handlers may block).
-        return await in_framework_thread(invoke, text, step_config(tag))
-
     name = component_name(parser)
     prim = t.add(Op.OPAQUE, name="parse", inputs={"text": text.ref}, outputs=[OUT], origin=name,
-                 attrs={"fn": parse_output, "pure": True})
+                 attrs={"fn": _parse_step(t, parser, parser.parse), "pure": True})
     source = text.tokens_from  # the decode this text is, if any: a `.map()` after it may pipeline
     if type(parser) is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
         return Traced(prim.out(OUT), lines_of=source)
@@ -74,12 +65,21 @@ def _lower_tool_call_parser(t: LangChainTracer, parser: BaseOutputParser, value:
     if not isinstance(value, ChatReply):
         raise NotLowerable("input is not known to be a chat model's reply")
     invoke, tag = parser.invoke, t.step_tag_of(parser)
-
-    async def parse_message(message: Any) -> Any:
-        if not ensure_config().get("callbacks"):
-            return invoke(message, step_config(tag))
-        return await in_framework_thread(invoke, message, step_config(tag))  # handlers may block
-
+    parse = _parse_step(t, parser, lambda message: invoke(message, step_config(tag)))
     prim = t.add(Op.OPAQUE, name="parse_tool_calls", inputs={"message": t.materialise(value)}, outputs=[OUT],
-                 origin=component_name(parser), attrs={"fn": parse_message, "pure": True})
+                 origin=component_name(parser), attrs={"fn": parse, "pure": True})
     return Traced(prim.out(OUT))
+
+
+def _parse_step(t: LangChainTracer, parser: BaseOutputParser, direct: Any) -> Any:
+    """The parse step's function: ``direct(value)`` when nobody listens; else the parser's own
+    ``invoke`` reports its run (as plain's step does), off the runtime loop (handlers may block)."""
+    invoke, tag = parser.invoke, t.step_tag_of(parser)
+
+    async def parse(**inputs: Any) -> Any:  # one input: the text, or the reply message
+        (value,) = inputs.values()
+        if not ensure_config().get("callbacks"):
+            return direct(value)
+        return await in_framework_thread(invoke, value, step_config(tag))
+
+    return parse
