@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from teola_plugin.bench import metrics
-from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, query_bound
+from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, batched_work_s, query_bound
 from teola_plugin.bench.runner import poisson_summary
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
+from teola_plugin.optimizer.cost import CostModel
 
 
 def test_exact_match_and_f1_follow_the_squad_rules():
@@ -56,6 +57,39 @@ def test_an_expanded_node_costs_its_sub_graphs_critical_path():
     assert query_bound(handlers, wall_s=4.0)["critical_path_s"] == pytest.approx(0.1 + 2.0 + 0.1)
 
 
+def test_hardware_aware_bound_waits_for_the_busiest_compute_group():
+    # Per-item-linear profiles: batching saves nothing, so each duration is its group's work.
+    cost = CostModel({"embedder": {"embed": {"batch": [1, 10], "latency_s": [1.0, 10.0]}}}).with_compute_groups(
+        {"embedder": "cpu:host", "cpu": "cpu:host"})
+    handlers = IsolatingHandlers()
+    graph = _diamond()
+    handlers.runs[id(graph)] = RunRecord(graph, started=0.0, ended=6.0, durations={"a": 2.0, "b": 3.0, "c": 1.0})
+    bound = query_bound(handlers, wall_s=7.0, cost_model=cost)
+    assert bound["bound_s"] == pytest.approx(5.0)  # a overlaps b on unlimited engines...
+    assert bound["group_work_s"] == {"cpu:host": pytest.approx(6.0)}
+    assert bound["hw_bound_s"] == pytest.approx(1.0 + 6.0)  # ...but one CPU computes a, b and c in turn
+    # Each engine on hardware of its own: the one embedder still computes a and b in turn.
+    apart = query_bound(handlers, wall_s=7.0, cost_model=CostModel(
+        {"embedder": {"embed": {"batch": [1, 10], "latency_s": [1.0, 10.0]}}}))
+    assert apart["group_work_s"] == {"engine:embedder": pytest.approx(5.0), "engine:cpu": pytest.approx(1.0)}
+    assert apart["hw_bound_s"] == pytest.approx(1.0 + 5.0)
+    assert "hw_bound_s" not in query_bound(handlers, wall_s=7.0)  # no cost model: the critical-path bound only
+
+
+def test_batched_work_counts_a_call_at_its_engines_best_throughput():
+    cost = CostModel.default()  # embed: 1 text 0.060 s, 32 texts 0.0914 s (the best per text)
+    g = PGraph("g")
+    texts = g.input("texts", T.TEXTS)
+    one = g.add("embed", inputs={"texts": texts}, attrs={"est_items": 1}, name="one")
+    many = g.add("embed", inputs={"texts": texts}, attrs={"est_items": 32}, name="many")
+    assert batched_work_s(cost, one, 0.06) == pytest.approx(0.06 * (0.0914 / 32) / 0.060)
+    assert batched_work_s(cost, many, 0.0914) == pytest.approx(0.0914)  # already the best batch
+    prefill = g.add("llm_prefill", inputs={"prompt": g.input("prompt", T.PROMPT)}, attrs={"est_prompt_tokens": 16})
+    decode = g.add("llm_decode", inputs={"state": prefill.out("state")}, attrs={"max_tokens": 8})
+    assert batched_work_s(cost, prefill, 0.0189) == pytest.approx(0.0189 * (1.148 / 2048) / (0.0189 / 16))
+    assert batched_work_s(cost, decode, 0.5) == 0.5  # decode: per sequence, never scaled
+
+
 def test_poisson_summary_finds_where_plain_concurrent_saturates():
     row = lambda system, rate, thr, p99: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
                                           "p99_s": p99, "mean_s": p99, "n": 5}
@@ -95,6 +129,9 @@ def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
         assert 0.0 <= stats["fidelity"] <= 1.0
     assert app["systems"]["plain-sequential"]["fidelity"] == 1.0  # the reference agrees with itself
     assert app["bound_mean_s"] > 0 and app["bounds"][0]["critical_path_s"] > 0
+    # one CPU computes every engine's work in turn: never below the critical-path bound
+    assert app["hw_bound_mean_s"] >= app["bound_mean_s"] and app["bounds"][0]["group_work_s"]
+    assert "hardware-aware bound" in written["page"].read_text()
     assert 0.0 <= app["plain_outside_llm_share"] <= 1.0
     assert [r["answer"] for r in app["runs"] if r["system"] == "teola-full"][0]  # a real answer came back
     page = written["page"].read_text()

@@ -9,6 +9,15 @@ through its graph with those durations (an expanded node costs its own handler t
 its sub-graph's critical path) and adds the query's time spent outside any graph (tracing,
 framework code between graphs), which no scheduler can overlap.
 
+With the runtime's cost model, :func:`query_bound` also gives the *hardware-aware* bound:
+engines of one compute group take turns on the same hardware, so a query cannot finish
+before its busiest group has done its work, even with unlimited overlap. Each primitive's
+isolated duration counts as that group's work, scaled down to the engine's best measured
+batched throughput (a batch of 64 embeddings costs less per text than the one call of 8
+this query made); LLM decode is not scaled (its profile is per sequence, not per batch).
+The hardware-aware bound is the outside time plus the larger of the critical path and the
+busiest group's work; it is never below the critical-path bound.
+
 Nothing here changes what a query computes; switched off it only forwards calls.
 """
 
@@ -17,12 +26,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ir.analysis import critical_path
 from ..ir.ops import Op
 from ..ir.expansion import Expansion
 from ..runtime.handlers import PrimitiveHandlers
+
+if TYPE_CHECKING:
+    from ..ir.node import Primitive
+    from ..optimizer.cost import CostModel
 
 
 @dataclass
@@ -78,33 +91,75 @@ for _op in Op:
         setattr(IsolatingHandlers, _op.value, _isolated(_op.value))
 
 
-def _graph_bound(rec: RunRecord, by_graph: dict[int, RunRecord]) -> tuple[float, float]:
-    """(critical path, end time including expansions) of one run."""
+@dataclass
+class GraphBound:
+    """One measured graph run, expansions included."""
+
+    critical_path_s: float
+    ended: float
+    group_work_s: dict[str, float]  # compute group -> work at the engines' best throughput
+
+
+def batched_work_s(cost_model: CostModel, prim: Primitive, duration_s: float) -> float:
+    """``duration_s`` of ``prim`` (measured alone) as the work its compute group must do
+    at best: scaled by the best per-item latency of its engine's profile over the per-item
+    latency of the call it made, never up. Decode and unprofiled ops keep their duration."""
+    if prim.op is Op.LLM_DECODE:
+        return duration_s
+    best = cost_model.best_item_latency(prim.engine, prim.op, prim.kind)
+    if best is None:
+        return duration_s
+    items = max(1.0, cost_model.call_items(prim))
+    now = cost_model.latency(prim.engine, prim.op, items, prim.kind) / items
+    if now <= 0.0:
+        return duration_s
+    return duration_s * min(1.0, best / now)
+
+
+def _graph_bound(rec: RunRecord, by_graph: dict[int, RunRecord], cost_model: CostModel | None) -> GraphBound:
     cost = dict(rec.durations)
     ended = rec.ended
+    groups: dict[str, float] = {}
     for node, child_graph in rec.expansions.items():
         child = by_graph.get(id(child_graph))
         if child is not None:
-            child_path, child_end = _graph_bound(child, by_graph)
-            cost[node] = cost.get(node, 0.0) + child_path
-            ended = max(ended, child_end)
+            sub = _graph_bound(child, by_graph, cost_model)
+            cost[node] = cost.get(node, 0.0) + sub.critical_path_s
+            ended = max(ended, sub.ended)
+            for group, work in sub.group_work_s.items():
+                groups[group] = groups.get(group, 0.0) + work
+    if cost_model is not None:
+        for name, duration in rec.durations.items():
+            if name in rec.graph:
+                prim = rec.graph[name]
+                group = cost_model.compute_group(prim.engine, prim.kind)
+                groups[group] = groups.get(group, 0.0) + batched_work_s(cost_model, prim, duration)
     length, _ = critical_path(rec.graph, lambda p: cost.get(p.name, 0.0))
-    return length, ended
+    return GraphBound(length, ended, groups)
 
 
-def query_bound(handlers: IsolatingHandlers, wall_s: float) -> dict[str, float]:
+def query_bound(handlers: IsolatingHandlers, wall_s: float,
+                cost_model: CostModel | None = None) -> dict[str, Any]:
     """The bound of the one query measured since the last ``reset``, whose isolated run took
     ``wall_s``: sum over its top-level graph runs of their critical paths, plus the time the
-    query spent outside them."""
+    query spent outside them; with ``cost_model``, the hardware-aware bound beside it."""
     by_graph = {id(r.graph): r for r in handlers.runs.values()}
     children = {id(g) for r in handlers.runs.values() for g in r.expansions.values()}
     paths, inside = 0.0, 0.0
+    groups: dict[str, float] = {}
     for gid, rec in by_graph.items():
         if gid in children:
             continue
-        length, ended = _graph_bound(rec, by_graph)
-        paths += length
-        inside += max(0.0, ended - rec.started)
+        bound = _graph_bound(rec, by_graph, cost_model)
+        paths += bound.critical_path_s
+        inside += max(0.0, bound.ended - rec.started)
+        for group, work in bound.group_work_s.items():
+            groups[group] = groups.get(group, 0.0) + work
     outside = max(0.0, wall_s - inside)
-    return {"bound_s": paths + outside, "critical_path_s": paths, "outside_graph_s": outside,
-            "isolated_wall_s": wall_s}
+    out: dict[str, Any] = {"bound_s": paths + outside, "critical_path_s": paths, "outside_graph_s": outside,
+                           "isolated_wall_s": wall_s}
+    if cost_model is not None:
+        busiest = max(groups.values(), default=0.0)
+        out.update({"hw_bound_s": outside + max(paths, busiest),
+                    "group_work_s": {g: round(w, 4) for g, w in sorted(groups.items())}})
+    return out

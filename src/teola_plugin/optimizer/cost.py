@@ -189,6 +189,14 @@ class CostModel:
             value = self._memo[key] = curve(items) if curve is not None else FALLBACK_LATENCY_S
         return value
 
+    def best_item_latency(self, engine: str, op: Op | str, kind: str | None = None) -> float | None:
+        """Seconds per work item at the profile's most efficient measured batch size (the
+        engine's best batched throughput), or None when nobody profiled ``op`` there."""
+        curve = self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
+        if curve is None:
+            return None
+        return min(lat / b for b, lat in zip(curve.batch, curve.latency_s) if b > 0)
+
     def work_items(self, prim: Primitive) -> float:
         """The primitive's whole work count (before sharding or streaming)."""
         a = prim.attrs
@@ -205,13 +213,17 @@ class CostModel:
         """Seconds ``prim`` takes; ``items`` overrides the work count (planning what-ifs)."""
         if "est_latency_s" in prim.attrs:
             return float(prim.attrs["est_latency_s"])
-        if items is None:
-            items = self.work_items(prim)
-            if prim.shard:
-                items = math.ceil(items / prim.shard[1])
-            if prim.attrs.get("stream_from"):
-                items = min(items, 1.0)  # only the last item's work is left when the stream ends
-        return self.latency(prim.engine, prim.op, items, prim.kind)
+        return self.latency(prim.engine, prim.op, self.call_items(prim) if items is None else items, prim.kind)
+
+    def call_items(self, prim: Primitive) -> float:
+        """The work items of ``prim``'s own engine call: its shard's part, one for a node
+        streamed from a decode (only the last item's work is left when the stream ends)."""
+        items = self.work_items(prim)
+        if prim.shard:
+            items = math.ceil(items / prim.shard[1])
+        if prim.attrs.get("stream_from"):
+            items = min(items, 1.0)
+        return items
 
     def to_dict(self) -> dict[str, Any]:
         return {"profiles": {e: {op: {"batch": list(c.batch), "latency_s": list(c.latency_s)}
