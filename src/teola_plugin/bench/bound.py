@@ -14,7 +14,10 @@ engines of one compute group take turns on the same hardware, so a query cannot 
 before its busiest group has done its work, even with unlimited overlap. Each primitive's
 isolated duration counts as that group's work, scaled down to the engine's best measured
 batched throughput (a batch of 64 embeddings costs less per text than the one call of 8
-this query made); LLM decode is not scaled (its profile is per sequence, not per batch).
+this query made). LLM decode adds no group work: its profile is per sequence, and vLLM
+runs concurrent sequences' decode steps together, so its share is unknown and left to
+the critical path (counted unscaled, the bound sat above what Teola achieved on
+tree_summarize, whose parallel decodes batch).
 The hardware-aware bound is the outside time plus the larger of the critical path and the
 busiest group's work; it is never below the critical-path bound.
 
@@ -103,9 +106,10 @@ class GraphBound:
 def batched_work_s(cost_model: CostModel, prim: Primitive, duration_s: float) -> float:
     """``duration_s`` of ``prim`` (measured alone) as the work its compute group must do
     at best: scaled by the best per-item latency of its engine's profile over the per-item
-    latency of the call it made, never up. Decode and unprofiled ops keep their duration."""
+    latency of the call it made, never up. Decode adds none (see the module doc); an
+    unprofiled op keeps its duration."""
     if prim.op is Op.LLM_DECODE:
-        return duration_s
+        return 0.0
     best = cost_model.best_item_latency(prim.engine, prim.op, prim.kind)
     if best is None:
         return duration_s

@@ -201,7 +201,7 @@ def render(results: dict[str, Any], pictures: dict[str, str]) -> str:
            "at a time), plus the query's time outside any graph; the **hardware-aware bound** adds that engines "
            "of one compute group take turns on the same hardware: the time outside graphs plus the larger of the "
            "critical path and the busiest group's work (each primitive's isolated duration scaled to its engine's "
-           "best profiled batched throughput, decode unscaled); *ideal speedup* = plain-sequential mean / bound "
+           "best profiled batched throughput; decode, which batches across sequences, only on the critical path); *ideal speedup* = plain-sequential mean / bound "
            "mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers. "
            "Every run starts with vLLM's prefix cache emptied, so no system profits from another's prompts.",
            "", "Reading the bound: framework code outside Teola's graphs (e.g. `from_documents` ingestion while it "

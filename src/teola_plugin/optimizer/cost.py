@@ -185,17 +185,21 @@ class CostModel:
         key = (engine, op, kind, items)
         value = self._memo.get(key)
         if value is None:
-            curve = self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
+            curve = self._curve(engine, op, kind)
             value = self._memo[key] = curve(items) if curve is not None else FALLBACK_LATENCY_S
         return value
 
     def best_item_latency(self, engine: str, op: Op | str, kind: str | None = None) -> float | None:
         """Seconds per work item at the profile's most efficient measured batch size (the
         engine's best batched throughput), or None when nobody profiled ``op`` there."""
-        curve = self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
+        curve = self._curve(engine, op, kind)
         if curve is None:
             return None
         return min(lat / b for b, lat in zip(curve.batch, curve.latency_s) if b > 0)
+
+    def _curve(self, engine: str, op: Op | str, kind: str | None) -> Curve | None:
+        """The profile of ``op`` on ``engine`` (an instance name), else on its ``kind``."""
+        return self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
 
     def work_items(self, prim: Primitive) -> float:
         """The primitive's whole work count (before sharding or streaming)."""
