@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -123,23 +124,22 @@ def batched_work_s(cost_model: CostModel, prim: Primitive, duration_s: float) ->
 def _graph_bound(rec: RunRecord, by_graph: dict[int, RunRecord], cost_model: CostModel | None) -> GraphBound:
     cost = dict(rec.durations)
     ended = rec.ended
-    groups: dict[str, float] = {}
+    groups: Counter[str] = Counter()  # update() adds: a child's work joins its parent's
     for node, child_graph in rec.expansions.items():
         child = by_graph.get(id(child_graph))
         if child is not None:
             sub = _graph_bound(child, by_graph, cost_model)
             cost[node] = cost.get(node, 0.0) + sub.critical_path_s
             ended = max(ended, sub.ended)
-            for group, work in sub.group_work_s.items():
-                groups[group] = groups.get(group, 0.0) + work
+            groups.update(sub.group_work_s)
     if cost_model is not None:
         for name, duration in rec.durations.items():
             if name in rec.graph:
                 prim = rec.graph[name]
                 group = cost_model.compute_group(prim.engine, prim.kind)
-                groups[group] = groups.get(group, 0.0) + batched_work_s(cost_model, prim, duration)
+                groups[group] += batched_work_s(cost_model, prim, duration)
     length, _ = critical_path(rec.graph, lambda p: cost.get(p.name, 0.0))
-    return GraphBound(length, ended, groups)
+    return GraphBound(length, ended, dict(groups))
 
 
 def query_bound(handlers: IsolatingHandlers, wall_s: float,
@@ -150,15 +150,14 @@ def query_bound(handlers: IsolatingHandlers, wall_s: float,
     by_graph = {id(r.graph): r for r in handlers.runs.values()}
     children = {id(g) for r in handlers.runs.values() for g in r.expansions.values()}
     paths, inside = 0.0, 0.0
-    groups: dict[str, float] = {}
+    groups: Counter[str] = Counter()
     for gid, rec in by_graph.items():
         if gid in children:
             continue
         bound = _graph_bound(rec, by_graph, cost_model)
         paths += bound.critical_path_s
         inside += max(0.0, bound.ended - rec.started)
-        for group, work in bound.group_work_s.items():
-            groups[group] = groups.get(group, 0.0) + work
+        groups.update(bound.group_work_s)
     outside = max(0.0, wall_s - inside)
     out: dict[str, Any] = {"bound_s": paths + outside, "critical_path_s": paths, "outside_graph_s": outside,
                            "isolated_wall_s": wall_s}
