@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if set(args.only) != set(ENGINES) and out.is_file():  # a partial run keeps the other engines' curves
+        kept = json.loads(out.read_text()).get("profiles", {})
+        result["profiles"] = {**kept, **result["profiles"]}
     out.write_text(json.dumps(result, indent=2) + "\n")
     for kind, ops in result["profiles"].items():
         for op, c in ops.items():

@@ -107,3 +107,12 @@ def test_the_measured_engine_profile_loads_and_drives_the_optimizer():
         assert measured.latency(kind, op, 8) != CostModel.default().latency(kind, op, 8)  # really measured
     g = advanced_rag()
     assert optimize(g, cost_model=measured).critical_path(measured)[0] < g.critical_path(measured)[0]
+
+
+def test_best_batch_is_the_measured_size_with_the_most_items_per_second():
+    m = CostModel({"embedder": {"embed_pass": {"batch": [1, 8, 32], "latency_s": [0.04, 0.2, 1.2]}}})
+    assert m.best_batch("embedder", "embed_pass") == 8  # 40/s beats 25/s (1) and 26.7/s (32)
+    assert m.best_batch("embedder_gpu", "embed_pass", kind="embedder") == 8  # by kind
+    assert m.best_batch("nobody", "nothing") is None
+    # the built-in profile is this machine's measurement: a CPU pass peaks below the library's 32
+    assert CostModel.default().best_batch("embedder", "embed_pass") < 32

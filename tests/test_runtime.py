@@ -300,3 +300,11 @@ def test_async_callers_start_the_runtime_off_their_event_loop(monkeypatch):
             asyncio.run(rt.run_async(never_run))
         never_run.close()
     assert starts_on_a_loop and not any(starts_on_a_loop)
+
+
+def test_the_runtime_embedder_runs_passes_of_the_profiles_best_size(runtime, call):
+    from teola_plugin.optimizer import CostModel
+
+    best = CostModel.default().best_batch("embedder", "embed_pass")
+    assert call(runtime.engines("embedder").call("describe"))["batch_size"] == best  # inside its Ray actor
+    assert runtime.specs["embedder"].kwargs["batch_size"] == best

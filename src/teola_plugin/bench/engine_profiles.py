@@ -25,10 +25,14 @@ import numpy as np
 
 from .. import datasets
 from ..engines import BM25SearchEngine, ChromaVectorStore, Hit, Reranker, SentenceTransformerEmbedder
+from ..optimizer.cost import CostModel
+from ..runtime.engine_tuning import tuned
+from ..runtime.hosting import EngineSpec
 
 __all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "profile_engines"]
 
 EMBED_BATCHES = (1, 8, 32, 64)
+PASS_SIZES = (1, 4, 8, 16, 32, 64)  # texts in one sentence-transformers forward pass
 INSERT_BATCHES = (1, 64, 256)
 SEARCH_BATCHES = (1, 16, 64)
 RERANK_BATCHES = (1, 16, 64)
@@ -74,21 +78,40 @@ def _passages() -> list[datasets.Passage]:
 PASSAGE_ITEM = "SQuAD paragraph (mean 784 characters, ~160 tokens)"
 
 
+def runtime_embedder() -> SentenceTransformerEmbedder:
+    """The embedder as a runtime configures it by default (its pass size from the profile)."""
+    spec = EngineSpec("embedder", "teola_plugin.engines.embedder:SentenceTransformerEmbedder", kind="embedder")
+    return tuned(spec, CostModel.default()).build()  # type: ignore[return-value]
+
+
 async def bench_embedder(
     engine: SentenceTransformerEmbedder | None = None,
     batch_sizes: Sequence[int] = EMBED_BATCHES,
     repeats: int = 3,
     texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``{"embed": curve}``: one ``embed`` call of b texts (default: SQuAD paragraphs, the
-    size of typical RAG chunks; a short question costs about a fifth of one)."""
-    engine, owned = await _own(engine, SentenceTransformerEmbedder)
+    """``{"embed": curve, "embed_pass": curve}``: one ``embed`` call of b texts (default:
+    SQuAD paragraphs, the size of typical RAG chunks; a short question costs about a fifth
+    of one), and the time per forward pass of b texts when a call of 64 runs in such passes
+    (sorted by length, as sentence-transformers does), whose most efficient b the runtime
+    gives the embedder (``runtime/engine_tuning.py``)."""
+    engine, owned = await _own(engine, runtime_embedder)
     try:
         pool = list(texts) if texts is not None else [p.text for p in _passages()]
-        lat = []
-        for b in batch_sizes:
-            lat.append(await _median_latency(lambda i, b=b: engine.embed(_window(pool, i * b, b)), repeats))
-        return {"embed": _curve(batch_sizes, lat, "text" if texts is not None else PASSAGE_ITEM)}
+        item = "text" if texts is not None else PASSAGE_ITEM
+        lat = [await _median_latency(lambda i, b=b: engine.embed(_window(pool, i * b, b)), repeats) for b in batch_sizes]
+        call = pool[:max(PASS_SIZES)]
+        per_pass = []
+        for b in PASS_SIZES:  # engines of each pass size share the loaded weights
+            sized = SentenceTransformerEmbedder(engine.model_path, batch_size=b, device=engine.device)
+            await sized.start()
+            try:
+                per_pass.append(await _median_latency(lambda i, e=sized: e.embed(call), max(1, repeats - 1))
+                                * b / len(call))
+            finally:
+                await sized.close()
+        return {"embed": _curve(batch_sizes, lat, item),
+                "embed_pass": _curve(PASS_SIZES, per_pass, f"{item}, one forward pass within a call of {len(call)}")}
     finally:
         if owned:
             await engine.close()

@@ -81,8 +81,14 @@ class Curve:
 # embed ~0.06 s for 1 text and ~350 texts/s at batch 32; chroma insert ~0.4 ms/item,
 # search ~1.3 ms/query; prefill ~1800 tok/s; decode ~49 tok/s at batch 1; CPU glue ~0.1 ms.
 # The reranker and search numbers are estimates, not measurements.
+# ``embed_pass`` is one sentence-transformers forward pass of b SQuAD paragraphs (~160 tokens)
+# within a call of 64, measured here (scripts/bench_engines.py; docs/benchmarks/engines.md):
+# 30 / 42 / 41 / 39 / 31 / 23 texts/s at b = 1 / 4 / 8 / 16 / 32 / 64. A CPU runs big passes
+# slower per text, so the runtime gives a CPU embedder its best pass size (runtime/engine_tuning.py).
 DEFAULT_PROFILES: dict[str, dict[str, dict[str, list[float]]]] = {
-    "embedder": {"embed": {"batch": [1, 8, 32, 64], "latency_s": [0.060, 0.075, 0.0914, 0.183]}},
+    "embedder": {"embed": {"batch": [1, 8, 32, 64], "latency_s": [0.060, 0.075, 0.0914, 0.183]},
+                 "embed_pass": {"batch": [1, 4, 8, 16, 32, 64],
+                                "latency_s": [0.0333, 0.0958, 0.1964, 0.4132, 1.0275, 2.7794]}},
     "vector_store": {
         "vector_insert": {"batch": [1, 1000], "latency_s": [0.0014, 0.401]},
         "vector_search": {"batch": [1, 64], "latency_s": [0.0013, 0.0832]},
@@ -196,6 +202,14 @@ class CostModel:
         if curve is None:
             return None
         return min(lat / b for b, lat in zip(curve.batch, curve.latency_s) if b > 0)
+
+    def best_batch(self, engine: str, op: Op | str, kind: str | None = None) -> int | None:
+        """The measured batch size with the highest throughput (items per second) for ``op``
+        on ``engine``, or None when nobody profiled it."""
+        curve = self._curve(engine, op, kind)
+        if curve is None:
+            return None
+        return int(max(zip(curve.batch, curve.latency_s), key=lambda bl: bl[0] / max(bl[1], 1e-12))[0])
 
     def _curve(self, engine: str, op: Op | str, kind: str | None) -> Curve | None:
         """The profile of ``op`` on ``engine`` (an instance name), else on its ``kind``."""

@@ -30,6 +30,7 @@ from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
 from .engine_starts import SharedStarts, not_started_message, start_problem
+from .engine_tuning import tuned
 from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
@@ -226,7 +227,7 @@ class Runtime:
         return {n: self._pools[n] for n in wanted}
 
     async def _start_pool(self, name: str) -> None:
-        spec = self.specs[name]
+        spec = self.specs[name] = tuned(self.specs[name], self.cost_model())
         handles: list[EngineHandle]
         if self.hosting == "ray" and not spec.in_process:
             from .ray_hosting import RayHandle
