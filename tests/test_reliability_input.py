@@ -227,7 +227,8 @@ def test_teola_runnable_raises_the_plain_chains_exception_types_with_a_clear_mes
 @given(passes=st.one_of(st.none(), anything), disabled=anything, timeout_s=anything, optimize=anything)
 def test_executor_config_builds_or_raises_config_error(passes, disabled, timeout_s, optimize):
     try:
-        ex = TeolaExecutor(passes=passes, disabled=disabled, timeout_s=timeout_s, optimize=optimize)
+        ex = TeolaExecutor(passes=passes, disabled=disabled, timeout_s=timeout_s, optimize=optimize,
+                           start_engines=False)
     except ConfigError as exc:
         assert clear(exc, "pass", "timeout_s", "disabled")
     else:

