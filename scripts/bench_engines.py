@@ -11,14 +11,11 @@ and batch N is each curve's ``throughput_per_s``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
-from teola_plugin.bench.engine_profiles import profile_engines
+from teola_plugin.bench.engine_profiles import machine_meta, profile_engines
 
 ENGINES = ("embedder", "vector_store", "reranker", "search", "llm")
 
@@ -31,12 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     result = profile_engines(repeats=args.repeats, which=args.only)
-    result["meta"] = {
-        "device": f"cpu ({os.cpu_count()} cores, {platform.machine()})",
-        "python": sys.version.split()[0],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "repeats": args.repeats,
-    }
+    result["meta"] = machine_meta(args.repeats)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if set(args.only) != set(ENGINES) and out.is_file():  # a partial run keeps the other engines' curves

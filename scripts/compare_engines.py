@@ -8,15 +8,13 @@ Writes ``engines.json`` and ``engines.md`` (see teola_plugin.bench.engine_compar
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 from teola_plugin.bench.engine_comparison import compare_engines
+from teola_plugin.bench.engine_profiles import machine_meta
 
 COMMAND = "make setup && . scripts/runtime_env.sh && .venv/bin/python scripts/compare_engines.py"
 
@@ -93,12 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray actor measurement")
     args = ap.parse_args(argv)
     result = compare_engines(repeats=args.repeats, ray=not args.no_ray)
-    result["meta"] = {
-        "device": f"cpu ({os.cpu_count()} cores, {platform.machine()})",
-        "python": sys.version.split()[0],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "repeats": args.repeats,
-    }
+    result["meta"] = machine_meta(args.repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "engines.json").write_text(json.dumps(result, indent=2) + "\n")

