@@ -200,7 +200,23 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     sent_plain = recording_proxy.take()
     teola = list(TeolaRunnable(chain, runtime=runtime).stream(question))
     assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain[0][1]["stream"] is True
-    assert "".join(teola) == "".join(plain) and len(teola) > 1  # token by token, as plain streams
+    assert teola == plain and len(teola) > 1  # chunk for chunk, the empty role and finish chunks too
+
+    # the model's own chunks: the server's finish reason, usage (stream_usage) and last-chunk marker
+    usage_model = model.model_copy(update={"stream_usage": True})
+    messages = ChatPromptTemplate.from_messages([("human", "{question}")]) | usage_model
+
+    def merged(chunks: list) -> tuple:
+        total = chunks[0]
+        for c in chunks[1:]:
+            total = total + c
+        return (total.content, total.response_metadata, total.usage_metadata,
+                [(c.content, c.chunk_position) for c in chunks])
+
+    plain_chunks = list(messages.stream(question))
+    teola_chunks = list(TeolaRunnable(messages, runtime=runtime).stream(question))
+    assert merged(teola_chunks) == merged(plain_chunks) and merged(plain_chunks)[2]  # usage came
+    recording_proxy.take()
 
     llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
     engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
@@ -212,6 +228,15 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     tokens = list(streamed.response_gen)
     assert type(streamed) is type(plain) and "".join(tokens) == "".join(plain_tokens) and len(tokens) > 1
     assert [n.node.node_id for n in streamed.source_nodes] == [n.node.node_id for n in plain.source_nodes]
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+    # a streaming refine streams every call, the steps it reads itself too: plain's requests
+    refine = squad_index.as_query_engine(llm=llm.model_copy(update={"max_tokens": 12}), similarity_top_k=2,
+                                         response_mode="refine", streaming=True)
+    plain_text = "".join(refine.query(QUESTIONS[1]).response_gen)
+    sent_plain = recording_proxy.take()
+    assert len(sent_plain) > 1 and all(body["stream"] is True for _, body in sent_plain)
+    assert "".join(executor.query(refine, QUESTIONS[1]).response_gen) == plain_text
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
 
 

@@ -11,11 +11,16 @@ __version__ = "0.1.0"
 # application (or `teola -v`) decides where messages go; without one they are dropped.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-# Framework integrations load on first use: `import teola_plugin` stays light (no LlamaIndex).
+# Framework integrations load on first use: `import teola_plugin` stays light (no LlamaIndex,
+# no LangChain). `TeolaLLM` is LlamaIndex's; LangChain's is `teola_plugin.langchain.TeolaLLM`.
 _LAZY = {
     "TeolaExecutor": "teola_plugin.llama_index",
     "TeolaLLM": "teola_plugin.llama_index",
     "TeolaEmbedding": "teola_plugin.llama_index",
+    "TeolaRunnable": "teola_plugin.langchain",
+    "TeolaChatModel": "teola_plugin.langchain",
+    "TeolaEmbeddings": "teola_plugin.langchain",
+    "TeolaReranker": "teola_plugin.langchain",
 }
 
 

@@ -110,8 +110,9 @@ class SynthesisPlanner:
         graph.output("out", answer)
         return self.prepare(graph) if prepare else graph
 
-    def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str) -> Ref:
-        return llm_call(graph, self.llm, self.spec, template, prompt_args, origin)
+    def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str,
+                 streamed: bool = False) -> Ref:
+        return llm_call(graph, self.llm, self.spec, template, prompt_args, origin, streamed)
 
     def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
         synth = self.synthesizer
@@ -208,7 +209,8 @@ class RefineLoop:
         call = self.next_call(response)
         if call is None:
             return cpu_step(graph, "answer", lambda: final_answer(response), {}, self.origin)
-        text = self.planner.llm_call(graph, *call, self.origin)
+        # a streaming Refine streams every call (its program's stream_call), the ones it reads itself too
+        text = self.planner.llm_call(graph, *call, self.origin, streamed=self.planner.streaming)
         if not self.queue:  # the last call (a later repack cannot add calls: nothing is left)
             if self.planner.streaming:
                 graph.output("stream", text)  # only the final answer streams, as in LlamaIndex
@@ -228,14 +230,15 @@ class RefineLoop:
 
 
 def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_args: dict[str, Any],
-             origin: str) -> Ref:
-    """One ``llm.predict(template, **prompt_args)`` as prompt -> llm_prefill -> llm_decode
-    (-> the output parser); returns the answer text ``predict`` returns."""
+             origin: str, streamed: bool = False) -> Ref:
+    """One ``llm.predict(template, **prompt_args)`` (``streamed``: ``llm.stream``, read to its
+    end) as prompt -> llm_prefill -> llm_decode (-> the output parser); returns the answer
+    text ``predict`` returns."""
     prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
                        attrs={"fn": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args)),
                               "pure": True})
     size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
-    decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN)
+    decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN, always_streamed=streamed)
     text = decode.out("text")  # the decode's own: a caller may stream its tokens
     events = LLMEvents.of(llm, template, prompt_args)
     if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)

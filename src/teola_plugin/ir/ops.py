@@ -152,7 +152,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               batchable=True, optional_inputs=("prefix",),
               attrs={**_LLM_REQUEST, "est_prompt_tokens": "prompt tokens (cost model)",
                      "cached_prefix_tokens": "tokens a partial prefill cached (cost model)",
-                     "streamed_request": "request overrides when the caller streams (a served model's)"},
+                     "streamed_request": "request overrides when the caller streams (a served model's)",
+                     "always_streamed": "send streamed_request even when no caller reads the tokens "
+                                        "(the framework's own code streams this call)"},
               doc="prefill the full prompt"),
         # `listener` (optional): a callable given each decoded text delta (a framework's token
         # callbacks: LangChain's on_llm_new_token), or None.

@@ -137,7 +137,7 @@ class PrimitiveHandlers:
         if params is None:
             params = {"temperature": 0.0, "max_tokens": int(prim.attrs.get("max_tokens", 256))}
         streamed = prim.attrs.get("streamed_request")  # what a served model's own streaming call adds
-        if streamed and ctx.streams_to_caller():
+        if streamed and (ctx.streams_to_caller() or prim.attrs.get("always_streamed")):
             params = {**params, **streamed}
         with framework_errors(prim):
             opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})

@@ -103,6 +103,11 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
             return _streamed_result(model, response)
         return model._create_chat_result(response if parse is None else parse.parsed(response), {})
 
+    # A streamed ChatOpenAI's chunks are the server's, each converted by its own code: the role
+    # chunk, the finish reason, usage, ids, the last chunk's marker. A graph run streams the
+    # text's tokens, so a chain whose caller streams it (stream, astream, astream_events) runs
+    # as it is, its requests still sent by the served engine; invoke runs the graph. A graph
+    # run forced by ``timeout_s`` streams with the request ``_stream`` sends:
     streamed: dict[str, Any] | None = {"stream": True}  # what its _stream adds to the same payload
     if parse is not None:  # its _stream calls the client's parse stream: not reproduced, sent as invoke sends it
         streamed = None
@@ -112,7 +117,7 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
                        to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
                        raise_error=raise_as_chat_openai, streamed_request=streamed,
-                       streams_text=not request_kwargs)
+                       streams_text=False)  # its chunks carry the server's (below)
 
 
 def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
@@ -169,5 +174,6 @@ def _completion_call_spec(model: Any, served_engine: Any, stop: list[str] | None
         return model.create_llm_result(body["choices"], [None], params(), token_usage,
                                        system_fingerprint=body.get("system_fingerprint"))
 
+    # Its stream (GenerationChunks from _stream's own request) is not a graph's token stream either.
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=False, string_prompts=False,
-                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS)
+                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS, streams_text=False)
