@@ -107,11 +107,36 @@ def test_chroma_store_is_searched_in_place(runtime, passages):
             expected = chroma.invoke(q)
             assert fast.invoke(q) == expected and len(expected) == 3
         assert ops_of(fast, QUESTIONS[0]) == ["aggregate", "embed", "vector_search", "aggregate"]
-        filtered = TeolaRunnable(store.as_retriever(search_kwargs={"k": 2, "filter": {"title": "x"}}),
-                                 runtime=runtime)
-        assert "search_kwargs ['filter']" in filtered.explain(QUESTIONS[0])
+        # the store's own filter and MMR, as its text searches pass them on to its search by vector
+        title = passages[0].title
+        for search in (store.as_retriever(search_kwargs={"k": 2, "filter": {"title": title}}),
+                       store.as_retriever(search_type="mmr", search_kwargs={"k": 3, "fetch_k": 8})):
+            fast = TeolaRunnable(search, runtime=runtime)
+            assert fast.invoke(QUESTIONS[0]) == search.invoke(QUESTIONS[0]) != []
+            assert "vector_search" in ops_of(fast, QUESTIONS[0]) and fast._plan(QUESTIONS[0]).trace.opaque == []
+        threshold = TeolaRunnable(store.as_retriever(search_type="similarity_score_threshold",
+                                                     search_kwargs={"score_threshold": 0.2}), runtime=runtime)
+        assert "search_type 'similarity_score_threshold'" in threshold.explain(QUESTIONS[0])
     finally:
         store.delete_collection()
+
+
+def test_in_memory_mmr_and_filtered_searches_are_lowered_with_the_stores_own_search(runtime, retriever):
+    """The retriever-configuration patterns of LangChain's docs (``search_type="mmr"``, a
+    ``filter`` in ``search_kwargs``): the query embedding on the engine, then the store's own
+    MMR / filtered search by vector; same documents as the retriever gives."""
+    store = retriever.vectorstore
+    wanted = {d.metadata["title"] for d in retriever.invoke(QUESTIONS[0])}
+    searches = [store.as_retriever(search_type="mmr", search_kwargs={"k": 3, "fetch_k": 10, "lambda_mult": 0.3}),
+                store.as_retriever(search_kwargs={"k": 2, "filter": lambda doc: doc.metadata["title"] in wanted}),
+                store.as_retriever(search_kwargs={"k": 2, "filter": lambda doc: doc.metadata["title"] not in wanted})]
+    for search in searches:
+        fast = TeolaRunnable(search, runtime=runtime)
+        assert fast._plan(QUESTIONS[0]).trace.opaque == []
+        for q in QUESTIONS:
+            assert fast.invoke(q) == search.invoke(q) != []
+    assert {d.metadata["title"] for d in TeolaRunnable(searches[2], runtime=runtime).invoke(QUESTIONS[0])} \
+        .isdisjoint(wanted)  # the filter ran
 
 
 class EngineClient:

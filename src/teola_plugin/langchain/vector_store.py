@@ -1,8 +1,9 @@
 """Serve a LangChain vector store object as a Teola engine (kind ``vector_store``).
 
 The store stays the user's instance: a lowered retriever's ``vector_search`` primitive
-calls the store's own ``similarity_search_by_vector`` with the query vector, which is what
-the retriever calls after embedding the query. Searches of several queries arrive
+calls the store's own search by vector with the query vector and the retriever's arguments
+(``StoreSearch``: ``similarity_search_by_vector``, or ``max_marginal_relevance_search_by_vector``
+for MMR; ``k``, a ``filter``), which is what the retriever calls after embedding the query. Searches of several queries arrive
 batched (one engine call); each runs in a worker thread so a large store does not stall
 the runtime loop. The store is held weakly (``engines.user_object``): the runtime drops
 the engine when the user's store is collected, so a store built per request is not kept.
@@ -17,6 +18,7 @@ import numpy as np
 
 from ..engines.base import Engine
 from ..engines.user_object import UserObjectRef
+from ..runtime.values import StoreSearch
 
 
 class FrameworkVectorStoreEngine(Engine):
@@ -36,10 +38,14 @@ class FrameworkVectorStoreEngine(Engine):
     def store(self) -> Any:
         return self._store()
 
-    def _search(self, vectors: Any, k: int) -> list[list[Any]]:
-        return [self.store.similarity_search_by_vector(np.asarray(v, dtype=np.float32).tolist(), k=k)
-                for v in vectors]
+    def _search(self, vectors: Any, how: StoreSearch) -> list[list[Any]]:
+        search = getattr(self.store, how.method)
+        return [search(np.asarray(v, dtype=np.float32).tolist(), **how.kwargs) for v in vectors]
 
     async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
-        """Requests ``{"index", "vectors", "k"}`` -> one document list per vector, per request."""
-        return await asyncio.to_thread(lambda: [self._search(r["vectors"], int(r["k"])) for r in requests])
+        """Requests ``{"index", "vectors", "k", "store_search"?}`` -> one document list per
+        vector, per request (without ``store_search``: a similarity search for ``k``)."""
+        def how(r: dict[str, Any]) -> StoreSearch:
+            return r.get("store_search") or StoreSearch("similarity_search_by_vector", {"k": int(r["k"])})
+
+        return await asyncio.to_thread(lambda: [self._search(r["vectors"], how(r)) for r in requests])

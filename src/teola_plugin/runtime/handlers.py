@@ -99,9 +99,10 @@ class PrimitiveHandlers:
         vectors = list(inputs["vectors"])
         if not vectors:
             return {"hits": []}
-        hits = await ctx.submit("search", {"index": index.name, "vectors": np.stack(vectors),
-                                           "k": int(prim.attrs.get("top_k", 5))}, route_key=index.name)
-        return {"hits": hits}
+        request = {"index": index.name, "vectors": np.stack(vectors), "k": int(prim.attrs.get("top_k", 5))}
+        if "store_search" in prim.attrs:  # only engines serving a user's store take it
+            request["store_search"] = prim.attrs["store_search"]
+        return {"hits": await ctx.submit("search", request, route_key=index.name)}
 
     async def rerank(self, prim, inputs, ctx):
         hits = list(inputs["hits"])

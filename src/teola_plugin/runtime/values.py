@@ -28,6 +28,17 @@ class IndexHandle:
     dim: int = 0
 
 
+@dataclass(frozen=True)
+class StoreSearch:
+    """How a user's own store is searched by vector: its ``method`` (LangChain:
+    ``similarity_search_by_vector``, ``max_marginal_relevance_search_by_vector``) with the
+    retriever's ``kwargs`` (``k``, a ``filter``, MMR's ``fetch_k`` / ``lambda_mult``), exactly
+    as its text search calls it after embedding the query."""
+
+    method: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class LLMState:
     """An LLM_STATE value: a generation whose prefill is done (an open engine stream)."""

@@ -1,8 +1,9 @@
 """Retrievers over the user's own vector store: embed -> vector_search on that store.
 
-The store stays the user's object: the plan serves it as an engine (its own similarity
-search by vector, exactly what the retriever calls after embedding the query), so the
-documents come back as the store returns them. Lowered only where that equivalence is
+The store stays the user's object: the plan serves it as an engine (its own search by
+vector, similarity or MMR with the retriever's ``k`` and ``filter``: exactly what the
+retriever's text search calls after embedding the query), so the documents come back as the
+store returns them. Lowered only where that equivalence is
 known: ``InMemoryVectorStore`` or ``langchain_chroma.Chroma`` (whose ``similarity_search``
 is ``embed_query`` then its search by vector) with embeddings computed by a Teola engine:
 ``TeolaEmbeddings``, or ``HuggingFaceEmbeddings`` (langchain-huggingface, or the community
@@ -21,6 +22,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetrieve
 
 from ....ir.node import Ref
 from ....ir.ops import Op
+from ....runtime.values import StoreSearch
 from ...embedder_identity import embedder_serving
 from ...lowerable import LowerableEmbedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
@@ -81,20 +83,33 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     return EmbeddingCall(engine, _newlines_to_spaces)
 
 
+# search_type -> the store's method by vector that its text search calls after embed_query
+BY_VECTOR = {"similarity": "similarity_search_by_vector", "mmr": "max_marginal_relevance_search_by_vector"}
+# the retriever's search_kwargs that method takes as the text search does, per search type
+SEARCH_KWARGS = {"similarity": {"k", "filter"}, "mmr": {"k", "fetch_k", "lambda_mult", "filter"}}
+CHROMA_KWARGS = {"where_document"}  # Chroma's text searches also pass it on to the by-vector one
+
+
 def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
     """How ``retriever``'s query embedding runs; NotLowerable unless ``retriever`` is a
-    similarity search we can reproduce."""
+    similarity or MMR search we can reproduce."""
     if not isinstance(retriever, VectorStoreRetriever):
         raise NotLowerable(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
-    if retriever.search_type != "similarity":
-        raise NotLowerable(f"search_type {retriever.search_type!r} (only 'similarity' is lowered)")
-    extra = sorted(set(retriever.search_kwargs) - {"k"})
-    if extra:
-        raise NotLowerable(f"search_kwargs {extra} (only 'k' is lowered)")
+    if retriever.search_type not in BY_VECTOR:
+        raise NotLowerable(f"search_type {retriever.search_type!r} (lowered: {', '.join(map(repr, BY_VECTOR))})")
     store = retriever.vectorstore
     if type(store) not in searchable_stores():
         raise NotLowerable(f"vector store {type(store).__name__} (lowered: InMemoryVectorStore, Chroma)")
+    allowed = SEARCH_KWARGS[retriever.search_type] | (set() if isinstance(store, InMemoryVectorStore) else CHROMA_KWARGS)
+    extra = sorted(set(retriever.search_kwargs) - allowed)
+    if extra:
+        raise NotLowerable(f"search_kwargs {extra} (lowered: {', '.join(sorted(allowed))})")
     return embedding_call(t, store_embeddings(store))
+
+
+def store_search(retriever: VectorStoreRetriever) -> StoreSearch:
+    """The store's own search by vector, with the retriever's arguments (``k`` 4 by default)."""
+    return StoreSearch(BY_VECTOR[retriever.search_type], {"k": 4, **retriever.search_kwargs})
 
 
 def searchable_stores() -> set[type]:
@@ -128,9 +143,10 @@ def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding:
                         attrs={"fn": prepared, "pure": True}, origin=origin).out("out")
     embed = t.add(Op.EMBED, name="embed", engine=embedding.engine,
                   inputs={"texts": queries}, attrs={"est_items": n_queries}, origin=origin)
+    how = store_search(retriever)
     search = t.add(Op.VECTOR_SEARCH, name="vector_search", engine=engine,
                    inputs={"index": index, "vectors": embed.out()},
-                   attrs={"top_k": int(retriever.search_kwargs.get("k", 4)), "est_items": n_queries},
+                   attrs={"top_k": int(how.kwargs["k"]), "store_search": how, "est_items": n_queries},
                    origin=origin)
     return search.out()
 
