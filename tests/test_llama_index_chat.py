@@ -95,3 +95,24 @@ def test_chat_engine_explain_and_bad_input(squad_index, executor, model_server):
         executor.query(engine, TURNS[0])
     with pytest.raises(TypeError, match="chat takes a BaseChatEngine"):
         executor.chat(squad_index.as_query_engine(llm=llm), TURNS[0])
+
+
+def test_explain_of_a_workflow_says_how_it_runs():
+    """An agent or Workflow runs as LlamaIndex runs it (its steps are user code); explain says
+    so instead of refusing the object."""
+    from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
+
+    from teola_plugin.llama_index import TeolaExecutor
+    from teola_plugin.runtime.runtime import Runtime
+
+    class Echo(Workflow):
+        @step
+        async def echo(self, ev: StartEvent) -> StopEvent:
+            return StopEvent(result=ev.get("query"))
+
+    runtime = Runtime({}, hosting="local")
+    try:
+        text = TeolaExecutor(runtime, start_engines=False).explain(Echo())
+    finally:
+        runtime.shutdown()
+    assert text.startswith("TeolaExecutor plan for Echo") and "runs its steps as LlamaIndex does" in text

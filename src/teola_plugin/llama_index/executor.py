@@ -179,6 +179,12 @@ class TeolaExecutor:
         """Passes applied, the optimized graph as mermaid, and which components stayed opaque."""
         if isinstance(target, BaseChatEngine):
             return self._explain_chat_engine(target)
+        if _is_workflow(target):
+            return "\n".join([f"TeolaExecutor plan for {type(target).__name__}", "",
+                              "The workflow (an agent, a Workflow) runs its steps as LlamaIndex does: they are "
+                              "your code, run unchanged; the query engines and retrievers its steps call run "
+                              "through this executor, lowered (explain each of them to see its graph).",
+                              EXPLAIN_ROUTED])
         app = self.traced(target)
         graph = self._prepare(app.graph)
         lines = [f"TeolaExecutor plan for {type(target).__name__}", ""]
@@ -592,6 +598,15 @@ def _release_claims(app: TracedApp) -> None:
     for j in app.ingestions:
         if j.claim is not None:
             j.claim.release()
+
+
+def _is_workflow(target: Any) -> bool:
+    """A LlamaIndex ``Workflow`` (agents and ``AgentWorkflow`` are workflows too)."""
+    try:
+        from llama_index.core.workflow import Workflow
+    except ImportError:  # pragma: no cover - every supported llama-index-core has it
+        return False
+    return isinstance(target, Workflow)
 
 
 def _require(target: Any, base: type, method: str) -> None:
