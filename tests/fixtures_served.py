@@ -32,10 +32,18 @@ def model_server(tmp_path_factory):
 
 @dataclass
 class RecordingProxy:
-    """Forwards every request to ``upstream`` and records (path, JSON body) of each."""
+    """Forwards every request to ``upstream`` and records (path, JSON body) of each.
+
+    With ``replay`` on, a request whose path and body reached the server before gets that
+    earlier reply again. vLLM's numerics depend on which requests share a batch, so a run
+    that overlaps requests plain sends one by one can decode a different token from the same
+    request; replaying plain's replies to Teola's identical requests compares what each side
+    sends and builds from the same replies. A request plain never sent still goes upstream."""
 
     upstream: str  # "http://127.0.0.1:PORT"
     requests: list[tuple[str, dict]] = field(default_factory=list)
+    replay: bool = False
+    replies: dict[str, tuple[int, str, bytes]] = field(default_factory=dict)  # path + body -> reply
 
     def start(self) -> RecordingProxy:
         proxy = self
@@ -49,11 +57,16 @@ class RecordingProxy:
                 body = self.rfile.read(length) if length else b""
                 if body:
                     proxy.requests.append((self.path, json.loads(body)))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                reply = httpx.request(method, proxy.upstream + self.path, content=body, headers=headers, timeout=600)
-                payload = reply.content
-                self.send_response(reply.status_code)
-                self.send_header("content-type", reply.headers.get("content-type", "application/json"))
+                key = self.path + (json.dumps(json.loads(body), sort_keys=True) if body else "")
+                if not (proxy.replay and key in proxy.replies):
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                    reply = httpx.request(method, proxy.upstream + self.path, content=body, headers=headers,
+                                          timeout=600)
+                    proxy.replies[key] = (reply.status_code, reply.headers.get("content-type", "application/json"),
+                                          reply.content)
+                status, content_type, payload = proxy.replies[key]
+                self.send_response(status)
+                self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -128,7 +128,7 @@ def test_vllm_loaded_unlike_the_engine_stays_opaque_and_says_how():
     specs = default_engine_specs()
     specs["llm"] = dataclasses.replace(specs["llm"], kwargs={"engine_kwargs": {"quantization": "fp8"}})
     runtime = Runtime(specs, hosting="local")
-    executor = TeolaExecutor(runtime=runtime)
+    executor = TeolaExecutor(runtime=runtime, start_engines=False)  # tracing only: no engine starts
     index = VectorStoreIndex([], embed_model=TeolaEmbedding(runtime=runtime))
     served = str(default_model_dir())
 

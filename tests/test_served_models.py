@@ -159,13 +159,16 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
     from teola_plugin.langchain import TeolaRunnable
 
     base_url = f"http://127.0.0.1:{free_port()}/v1" if failure == "refused" else model_server.base_url
-    options = {"timeout": 0.5} if failure == "timeout" else {}
     max_tokens = 1500 if failure == "timeout" else 24
+    # A reply of max_tokens tokens (vLLM's min_tokens) takes seconds on any machine: past the timeout.
+    generates_long = {"extra_body": {"min_tokens": max_tokens}} if failure == "timeout" else {}
+    options = {"timeout": 0.5} if failure == "timeout" else {}
     question = QUESTIONS[0] + (" word" * 2500 if failure == "context_too_long" else "")
     expected = {"refused": openai.APIConnectionError, "context_too_long": openai.BadRequestError,
                 "timeout": openai.APITimeoutError}[failure]
 
-    llm = openai_like(base_url, is_chat_model=True, context_window=100_000, max_retries=0, **options)
+    llm = openai_like(base_url, is_chat_model=True, context_window=100_000, max_retries=0,
+                      additional_kwargs=generates_long, **options)
     llm.max_tokens = max_tokens
     engine = squad_index.as_query_engine(llm=llm, similarity_top_k=1)
     plain = _raised(lambda: engine.query(question))
@@ -174,7 +177,7 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
     assert any(base_url in note for note in getattr(teola, "__notes__", []))
 
     model = ChatOpenAI(model=SERVED_NAME, base_url=base_url, api_key="none", max_tokens=max_tokens, max_retries=0,
-                       **options)
+                       **generates_long, **options)
     plain = _raised(lambda: model.invoke(question))
     teola = _raised(lambda: TeolaRunnable(model, runtime=runtime).invoke(question))
     assert type(teola) is type(plain)
@@ -182,6 +185,31 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
     if failure != "refused":
         ok = openai_like(model_server.base_url, is_chat_model=True, context_window=2048)
         assert str(executor.query(squad_index.as_query_engine(llm=ok, similarity_top_k=1), QUESTIONS[1]))
+
+
+def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(model_server):
+    """Prefill splitting's request: the prompt with one token to generate (a vLLM ``min_tokens``
+    the request carries is left out of it, or one token would be a bad request); the full
+    request then finds the prompt in the server's prefix cache."""
+    from teola_plugin.engines.llm_served import OpenAICompatibleEngine
+
+    async def run():
+        engine = OpenAICompatibleEngine(model_server.base_url, api_key="none", max_retries=0)
+        await engine.start()
+        try:
+            body = {"model": SERVED_NAME, "max_tokens": 4, "temperature": 0.0, "extra_body": {"min_tokens": 4},
+                    "messages": [{"role": "user", "content": "Prefix caching test. " * 40 + QUESTIONS[2]}]}
+            prefilled = await engine.prefill(body)
+            generation = await engine.generate(body)
+            return prefilled, generation
+        finally:
+            await engine.close()
+
+    prefilled, generation = asyncio.run(run())
+    assert prefilled.num_prompt_tokens == generation.num_prompt_tokens > 200
+    # whole KV blocks are cached (vLLM CPU: 128 tokens a block); the prompt had none before
+    assert prefilled.num_cached_tokens == 0 and generation.num_cached_tokens >= 128
+    assert generation.response.usage.completion_tokens == 4
 
 
 def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(recording_proxy, squad_index, executor,

