@@ -65,6 +65,74 @@ def test_huggingface_embedding_of_the_engine_model_is_lowered(runtime, executor)
     assert engine is None and "truncate_dim" in why
 
 
+HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # the bundled model's hub id, as the docs write it
+
+
+def hub_cache(root, model_dir, edit=None):
+    """A Hugging Face hub cache holding ``HUB_ID``'s snapshot: the files of ``model_dir``
+    (links, as the hub links its blobs), one of them rewritten by ``edit(name) -> bytes``."""
+    snapshot = root / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / ("0" * 40)
+    for source in model_dir.rglob("*"):
+        if source.is_file():
+            target = snapshot / source.relative_to(model_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            changed = edit(source.relative_to(model_dir).as_posix()) if edit else None
+            target.write_bytes(changed) if changed is not None else target.symlink_to(source)
+    (snapshot.parents[1] / "refs").mkdir(parents=True)
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    return root
+
+
+def test_an_embedding_model_named_by_hub_id_is_the_engines_when_its_cached_files_are(runtime, executor, tmp_path,
+                                                                                      monkeypatch):
+    """``HuggingFaceEmbedding(model_name="sentence-transformers/all-MiniLM-L6-v2")`` as the docs
+    write it loads the hub cache's snapshot: the same files as the engine's model make it the
+    engine's (LlamaIndex and LangChain alike); one file changed, or no snapshot, keeps it opaque."""
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_huggingface import HuggingFaceEmbeddings
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.capture.llama_index_models import embedder_engine_for
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.langchain import TeolaRunnable
+
+    model_dir = default_model_path()
+    same = hub_cache(tmp_path / "same", model_dir)
+    monkeypatch.setenv("LLAMA_INDEX_CACHE_DIR", str(same))  # where LlamaIndex's class caches hub models
+    model = HuggingFaceEmbedding(model_name=HUB_ID, device="cpu")
+    retriever = VectorStoreIndex.from_documents(documents(12), embed_model=model).as_retriever(similarity_top_k=3)
+    app = executor.traced(retriever)
+    assert app.opaque == [] and [p.engine for p in app.graph.nodes if p.op.value == "embed"] == ["embedder"]
+    plain, teola = retriever.retrieve(QUESTIONS[0]), executor.retrieve(retriever, QUESTIONS[0])
+    assert ids(teola) == ids(plain) and [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-5)
+
+    embeddings = HuggingFaceEmbeddings(model_name=HUB_ID, cache_folder=str(same),
+                                       encode_kwargs={"normalize_embeddings": True})
+    store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:12]], embeddings)
+    lc_retriever = store.as_retriever(search_kwargs={"k": 3})
+    wrapped = TeolaRunnable(lc_retriever, runtime=runtime)
+    assert wrapped._plan(QUESTIONS[0]).trace.opaque == []
+    assert [d.page_content for d in wrapped.invoke(QUESTIONS[0])] == [
+        d.page_content for d in lc_retriever.invoke(QUESTIONS[0])]
+
+    def cls_pooling(name):  # the same weights pooled another way: other vectors
+        return (b'{"word_embedding_dimension": 384, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}'
+                if name == "1_Pooling/config.json" else None)
+
+    changed = hub_cache(tmp_path / "changed", model_dir, edit=cls_pooling)
+    monkeypatch.setenv("LLAMA_INDEX_CACHE_DIR", str(changed))
+    engine, why = embedder_engine_for(runtime, HuggingFaceEmbedding(model_name=HUB_ID))
+    assert engine is None and "1_Pooling/config.json differs" in why, why
+    pooled_otherwise = HuggingFaceEmbeddings(model_name=HUB_ID, cache_folder=str(changed),
+                                             encode_kwargs={"normalize_embeddings": True})
+    other_store = InMemoryVectorStore.from_texts(["a passage"], pooled_otherwise)
+    (note,) = TeolaRunnable(other_store.as_retriever(), runtime=runtime)._plan("q").trace.opaque
+    assert "1_Pooling/config.json differs" in note.reason, note.reason
+    from teola_plugin.capture.model_files import local_model_dir
+    assert local_model_dir(HUB_ID, [str(tmp_path / "empty")]) is None  # nothing cached: unknown
+    assert local_model_dir(HUB_ID, [str(tmp_path / "empty"), str(same)]).parent.name == "snapshots"
+
+
 class EngineClient:
     """Stands in for ``vllm.LLM`` inside ``Vllm.complete``: its prompt and SamplingParams go
     to the runtime's vLLM engine (the same model); records the prompts."""

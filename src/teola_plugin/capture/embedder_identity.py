@@ -4,8 +4,10 @@ embedder engine computes, so its query embeddings may become ``embed`` primitive
 LlamaIndex ``HuggingFaceEmbedding`` and LangChain's community ``HuggingFaceEmbeddings`` each
 load a ``SentenceTransformer`` in-process; the runtime's ``SentenceTransformerEmbedder``
 loads its own directory (``model_path``, else the bundled all-MiniLM-L6-v2) and returns
-normalized vectors. They agree only when the framework model is the same directory and
-nothing it sets changes the vectors: normalization (unless the model's own pipeline ends in
+normalized vectors. They agree only when the framework model loads the same files (the same
+directory, or a hub id such as ``sentence-transformers/all-MiniLM-L6-v2`` whose snapshot in the
+local Hugging Face cache holds byte-identical files: :mod:`.model_files`) and nothing it sets
+changes the vectors: normalization (unless the model's own pipeline ends in
 a ``Normalize`` module, when asking for it again changes nothing), a prompt / instruction,
 a truncated dimension, another maximum sequence length. Read from the runtime's engine specs
 and the model object: no engine call. Both frameworks' rules use :func:`embedder_serving`.
@@ -14,9 +16,11 @@ and the model object: no engine call. Both frameworks' rules use :func:`embedder
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from . import model_files
 
 EMBEDDER_FACTORY = "SentenceTransformerEmbedder"
 
@@ -50,14 +54,22 @@ def normalizes_itself(model_dir: Path) -> bool:
 
 def embedder_serving(specs: Mapping[str, Any], label: str, model_name: Any, *, normalize: bool,
                      prompts: Mapping[str, Any] | None = None, truncate_dim: Any = None,
-                     max_length: Any = None) -> tuple[str | None, str]:
-    """(engine name, "") of the embedder engine computing ``label``'s vectors, else (None, why)."""
+                     max_length: Any = None, cache_folders: Sequence[str | None] = (None,)
+                     ) -> tuple[str | None, str]:
+    """(engine name, "") of the embedder engine computing ``label``'s vectors, else (None, why).
+    ``cache_folders``: where the framework class looks up a hub id's snapshot, in its order."""
     name, engine_dir = _engine(specs)
     if name is None or engine_dir is None:
         return None, "the runtime has no sentence-transformers embedder engine"
-    model_dir = Path(str(model_name)).expanduser()
-    if not model_dir.is_dir() or model_dir.resolve() != engine_dir:
-        return None, f"{label} model {str(model_name)!r} is not the embedder engine's model ({engine_dir})"
+    model_dir = model_files.local_model_dir(model_name, cache_folders)
+    if model_dir is None:
+        return None, (f"{label} model {str(model_name)!r} is not the embedder engine's model ({engine_dir}): "
+                      "neither its directory nor a hub id with a snapshot in the local cache")
+    if model_dir != engine_dir:
+        differing = model_files.first_difference(engine_dir, model_dir)
+        if differing is not None:
+            return None, (f"{label} model {str(model_name)!r} ({model_dir}) is not the embedder engine's model "
+                          f"({engine_dir}): {differing} differs")
     if not normalize and not normalizes_itself(engine_dir):
         return None, f"{label} does not normalize its vectors (the engine does)"
     added = sorted(k for k, v in (prompts or {}).items() if v)

@@ -53,7 +53,16 @@ def _huggingface_engine(runtime: Any, model: Any) -> tuple[str | None, str]:
     st_model = getattr(model, "_model", None)
     return embedder_serving(getattr(runtime, "specs", {}), "HuggingFaceEmbedding", model.model_name,
                             normalize=model.normalize, prompts=getattr(st_model, "prompts", None),
-                            truncate_dim=getattr(st_model, "truncate_dim", None), max_length=model.max_length)
+                            truncate_dim=getattr(st_model, "truncate_dim", None), max_length=model.max_length,
+                            cache_folders=_huggingface_cache_folders(model))
+
+
+def _huggingface_cache_folders(model: Any) -> list[str | None]:
+    """Where ``HuggingFaceEmbedding`` found a hub id: the cache folder it was given (its field
+    stays unset, so the next best guess follows), else LlamaIndex's own cache directory."""
+    from llama_index.core.utils import get_cache_dir
+
+    return [folder for folder in (getattr(model, "cache_folder", None), get_cache_dir()) if folder]
 
 
 def _register_bm25() -> None:

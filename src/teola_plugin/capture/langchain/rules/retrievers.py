@@ -77,7 +77,8 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
                                    normalize=bool(encode_kwargs.get("normalize_embeddings", False)),
                                    prompts=getattr(client, "prompts", None),
                                    truncate_dim=getattr(client, "truncate_dim", None),
-                                   max_length=getattr(client, "max_seq_length", None))
+                                   max_length=getattr(client, "max_seq_length", None),
+                                   cache_folders=[getattr(embeddings, "cache_folder", None)])
     if engine is None:
         raise NotLowerable(why)
     return EmbeddingCall(engine, _newlines_to_spaces)
