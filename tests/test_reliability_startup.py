@@ -146,3 +146,22 @@ def test_ray_started_in_the_background_outlives_the_thread_that_started_it():
     assert "RuntimeError: the app failed after its query" in r.stderr, r.stderr[-3000:]
     assert not any(word in r.stderr for word in ("GCS", "ERROR")), r.stderr[-3000:]
     assert time.monotonic() - began < 150
+
+
+def test_an_app_that_fails_while_ray_is_still_starting_exits_with_its_own_error():
+    """The first query needs no Ray (the embedder's in-process stand-in answers it), so the
+    app may end while Ray starts on its thread: the exit waits for that start and stops Ray,
+    the process ends with the app's own exception (a Ray start finishing inside the exit
+    handlers crashed the interpreter: SIGSEGV)."""
+    import subprocess
+    import sys
+
+    app = (APP_WITH_EXECUTOR +
+           "from llama_index.core import Document, VectorStoreIndex\n"
+           "index = VectorStoreIndex.from_documents([Document(text='Paris is the capital of France.')])\n"
+           "print('NODES', len(index.as_retriever().retrieve('capital of France')), flush=True)\n"
+           "raise RuntimeError('the app failed after its first query')\n")
+    r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "NODES 1" in r.stdout, (r.returncode, r.stderr[-3000:])
+    assert "RuntimeError: the app failed after its first query" in r.stderr, r.stderr[-3000:]
+    assert not any(word in r.stderr for word in ("Segmentation fault", "ERROR")), r.stderr[-3000:]

@@ -262,6 +262,48 @@ def test_engines_started_in_the_background_serve_the_first_query_without_a_start
         rt.shutdown()
 
 
+def test_an_engine_whose_actors_are_starting_is_served_by_an_in_process_stand_in(monkeypatch):
+    """The first query does not wait for Ray and an actor: the embedder's stand-in (the same
+    spec in this process) answers it; once the actors are up they serve, with the same
+    vectors, and the stand-in closes. Ray's start is held back here until the first answer."""
+    import os
+    import threading
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.runtime.runtime import Runtime, default_engine_specs
+
+    ray_may_start = threading.Event()
+    init_ray = Runtime._init_ray
+    monkeypatch.setattr(Runtime, "_init_ray", lambda self: (ray_may_start.wait(300), init_ray(self))[1])
+    rt = Runtime({"embedder": default_engine_specs()["embedder"]})  # Ray-hosted
+    g = PGraph("embed_only")
+    g.output("vectors", g.add("embed", engine="embedder", inputs={"texts": g.input("texts", T.TEXTS)}).out())
+    texts = ["Who won Super Bowl 50?", "Where is the Amazon rainforest?"]
+    try:
+        first = rt.run_sync(rt.execute(g, {"texts": texts}), timeout=300)["vectors"]
+        stand_in = rt.engines("embedder")
+        assert "embedder" not in rt._pools and stand_in.local_engine() is not None  # served in this process
+        library = SentenceTransformer(str(default_model_path()), device="cpu").encode(texts, normalize_embeddings=True)
+        assert np.allclose(np.asarray(first), library, atol=1e-5)
+
+        ray_may_start.set()
+        rt.run_sync(rt.start_engines("embedder"), timeout=300)  # the start begun behind the stand-in
+        second = rt.run_sync(rt.execute(g, {"texts": texts}), timeout=300)["vectors"]
+        pool = rt.engines("embedder")
+        assert pool is rt._pools["embedder"] and rt.run_sync(pool.stats())[0]["pid"] != os.getpid()
+        assert np.allclose(np.asarray(second), np.asarray(first), atol=1e-5)
+        deadline = time.time() + 30
+        while stand_in.local_engine().started and time.time() < deadline:
+            time.sleep(0.1)
+        assert not stand_in.local_engine().started and "embedder" not in rt._stand_ins
+    finally:
+        ray_may_start.set()
+        rt.shutdown()
+
+
 def test_async_callers_start_the_runtime_off_their_event_loop(monkeypatch):
     """The first ``run_async`` / async stream of a fresh runtime starts it (Ray, for a Ray
     runtime: seconds) on a thread, never on the caller's event loop; a shut-down runtime

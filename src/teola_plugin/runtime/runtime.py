@@ -6,11 +6,12 @@ on it, so synchronous framework code (``query_engine.query``) can call in from a
 with :meth:`Runtime.run_sync`, and async code with :meth:`Runtime.run_async`. Ray start-up
 is ``ray_startup.py``; the engine pools (start, share, drop) are here.
 
-Hosting: ``hosting="ray"`` (default) starts an embedded Ray runtime on first use (no
-dashboard, every Ray process listening on 127.0.0.1 only, token authentication unless
-``RAY_AUTH_MODE`` says otherwise, sized to this machine; docs/reliability.md) or
-connects to ``ray_address``; each
-engine replica is an actor placed by its resources. ``hosting="local"`` keeps engines in
+Hosting: ``hosting="ray"`` (default) starts an embedded Ray runtime when the first engine
+that needs it starts (no dashboard, every Ray process listening on 127.0.0.1 only, token
+authentication unless ``RAY_AUTH_MODE`` says otherwise, sized to this machine;
+docs/reliability.md) or connects to ``ray_address``; each engine replica is an actor placed
+by its resources. While an embedder's or reranker's actors start, an in-process stand-in of
+the same spec serves its requests (``stand_ins.py``). ``hosting="local"`` keeps engines in
 the loop thread (tests of pure scheduling, notebooks without Ray). Scheduling is the same
 code either way.
 """
@@ -36,6 +37,7 @@ from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
 from .loop_thread import LoopThread
 from .ray_startup import connect_ray
+from .stand_ins import may_stand_in, retire, start_stand_in
 from .timeline import Timeline
 
 log = logging.getLogger("teola_plugin")
@@ -43,6 +45,7 @@ T = TypeVar("T")
 START_REPORT_S = 60.0  # an engine still starting after this long gets a warning (and again after each)
 STOP_STARTS_S = 30.0  # shutdown: how long starts in progress get to stop their replicas
 LEFTOVER_TASKS_S = 10.0  # shutdown: how long whatever still runs on the loop gets after a cancel
+RAY_START_AT_EXIT_S = 120.0  # an app ending while Ray starts: how long its exit waits for the start
 
 
 _BEFORE_SHUTDOWN: list[Callable[["Runtime"], None]] = []
@@ -89,6 +92,7 @@ class Runtime:
         cost: Callable[[Primitive], float] | None = None,
         timeline_queries: int = 1000,
         handlers: PrimitiveHandlers | None = None,
+        stand_ins: bool = True,
     ) -> None:
         if hosting not in ("ray", "local"):
             raise ConfigError(f"hosting must be 'ray' or 'local', got {hosting!r}")
@@ -115,11 +119,20 @@ class Runtime:
         self._pool_lock: asyncio.Lock | None = None  # add_local_engine
         self._starts = SharedStarts()  # the engine starts in progress
         self._loop_thread = LoopThread()
+        # Ray's processes die with the *thread* that started them (Linux's parent-death signal
+        # is per thread), so Ray starts on a thread of its own that lives as long as this
+        # runtime: a caller's thread (a background start, a web server's request thread) may
+        # end first and take Ray with it. Off the loop, so queries run while Ray starts.
+        self._ray_thread = LoopThread("teola-ray")
+        self._ray_ready: concurrent.futures.Future[None] | None = None
         self._owns_ray = False
+        self.stand_ins = stand_ins  # serve embedders / rerankers in-process while their actors start
+        self._stand_ins: dict[str, ReplicaPool] = {}  # engine name -> its in-process stand-in
+        self._behind: dict[str, asyncio.Task[Any]] = {}  # actor starts a stand-in covers for
         self._closed = False
         self._start_lock = threading.Lock()
         self._local_objects: dict[str, Any] = {}  # shared_local_engine: name -> engine object
-        self._closing: set[asyncio.Task[None]] = set()  # pools of collected user objects, closing
+        self._closing: set[asyncio.Task[None]] = set()  # pools closing: collected user objects', stand-ins
         self._cost_model: Any = None  # cost_model(), built once
 
     # -- loop --------------------------------------------------------------------------------
@@ -129,17 +142,6 @@ class Runtime:
                 raise RuntimeError("this Runtime was shut down")
             if self._loop_thread.loop is None:
                 self._loop_thread.start()
-                if self.hosting == "ray":
-                    # Ray's processes die with the *thread* that started them (Linux's parent-
-                    # death signal is per thread), so Ray starts on the loop's thread, which
-                    # lives as long as this runtime: a caller's thread (a background start,
-                    # a web server's request thread) may end first and take Ray with it.
-                    try:
-                        self._loop_thread.call(self._init_ray)
-                    except BaseException:
-                        self._loop_thread.stop(_nothing, 10, lambda exc: None)
-                        self._loop_thread = LoopThread()  # a later call tries again
-                        raise
                 atexit.register(self.shutdown)
             return self._loop_thread.loop
 
@@ -156,6 +158,8 @@ class Runtime:
     def start(self) -> "Runtime":
         """Start the loop and connect to (or start) Ray now rather than on first use."""
         self._ensure_loop()
+        if self.hosting == "ray":
+            self._connect_ray().result()
         return self
 
     def start_in_background(self, *engines: str) -> concurrent.futures.Future[None]:
@@ -167,8 +171,11 @@ class Runtime:
         def start() -> None:
             try:
                 self._ensure_loop()
+                ray = self._connect_ray() if self.hosting == "ray" else None
                 if engines:
                     self.run_sync(self.start_engines(*engines))
+                if ray is not None:
+                    ray.result()
                 done.set_result(None)
             except BaseException as exc:  # reported through the future (and by the query needing it)
                 # a runtime shut down under its start (an app that ended at once) is no news
@@ -208,13 +215,27 @@ class Runtime:
         return await self._loop_thread.run_async(coro)
 
     # -- Ray -----------------------------------------------------------------------------------
+    def _connect_ray(self) -> concurrent.futures.Future[None]:
+        """Connect to (or start) Ray once, on the runtime's Ray thread, without waiting; a
+        failed attempt is made again by the next caller."""
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("this Runtime was shut down")
+            ready = self._ray_ready
+            if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
+                self._ray_thread.start()
+                ready = self._ray_ready = self._ray_thread.submit(_blocking(self._init_ray))
+                _finish_before_exit(ready)
+            return ready
+
     def _init_ray(self) -> None:
         self._owns_ray = connect_ray(self.ray_address)
 
     # -- engines -------------------------------------------------------------------------------
     def engines(self, name: str) -> ReplicaPool:
-        """The started pool of engine ``name`` (the graph scheduler's view of engines)."""
-        pool = self._pools.get(name)
+        """The started pool of engine ``name``, or its in-process stand-in while its actors
+        start (the graph scheduler's view of engines)."""
+        pool = self._pools.get(name) or self._stand_ins.get(name)
         if pool is None:
             raise ConfigError(f"engine {name!r} is not started; call `await runtime.start_engines({name!r})` "
                               f"(configured: {sorted(self.specs)})")
@@ -242,6 +263,7 @@ class Runtime:
         if self.hosting == "ray" and not spec.in_process:
             from .ray_hosting import RayHandle
 
+            await asyncio.wrap_future(self._connect_ray())
             handles = [RayHandle(spec, i) for i in range(spec.replicas)]
         else:
             handles = [LocalHandle(spec) for _ in range(spec.replicas)]
@@ -264,6 +286,54 @@ class Runtime:
             raise
         self._pools[name] = pool
         log.info("engine %s started (%d replica(s), %s)", name, spec.replicas, self.hosting)
+        stand_in = self._stand_ins.pop(name, None)
+        if stand_in is not None:  # new requests go to the actors; it closes when it has answered
+            self._keep_until_done(asyncio.get_running_loop().create_task(retire(stand_in)))
+
+    # -- stand-ins (stand_ins.py) ----------------------------------------------------------------
+    async def ready(self, *names: str) -> None:
+        """Make the named engines servable: started, or (an embedder, a reranker on Ray)
+        served by an in-process stand-in while their actors start behind it."""
+        others, stand_ins = [], []
+        for name in names:
+            if name in self._pools:
+                continue
+            spec = self.specs.get(name)
+            if self.stand_ins and spec is not None and may_stand_in(spec, self.hosting):
+                self._start_behind(name)
+                if name not in self._stand_ins:
+                    stand_ins.append(self._starts.join(
+                        f"{name} (in-process stand-in)", lambda n=name: self._start_stand_in(n),
+                        lambda n=name: n in self._stand_ins or n in self._pools))
+            else:
+                others.append(name)
+        await asyncio.gather(*stand_ins, *([self.start_engines(*others)] if others else []))
+
+    async def _start_stand_in(self, name: str) -> None:
+        pool = await start_stand_in(tuned(self.specs[name], self.cost_model()))
+        if name in self._pools or self._closed:  # the actors won the race
+            await pool.close()
+            return
+        self._stand_ins[name] = pool
+
+    def _start_behind(self, name: str) -> None:
+        """The engine's own start, which nobody waits for while its stand-in serves."""
+        if name in self._behind or name in self._pools:
+            return
+        task = self._behind[name] = asyncio.get_running_loop().create_task(self.start_engines(name))
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._behind.pop(name, None)
+            if not task.cancelled() and task.exception() is not None:  # the next query tries again
+                (log.debug if self._closed else log.warning)(
+                    "engine %s did not start on Ray (%s: %s); its in-process stand-in serves it meanwhile",
+                    name, type(task.exception()).__name__, task.exception())
+
+        task.add_done_callback(done)
+
+    def _keep_until_done(self, task: asyncio.Task[None]) -> None:
+        self._closing.add(task)  # referenced until done (the loop holds tasks weakly)
+        task.add_done_callback(self._closing.discard)
 
     async def _start_within(self, names: list[str], timeout_s: float | None, query_id: str | None) -> float | None:
         """Start a query's missing engines inside its deadline; returns the time left."""
@@ -272,7 +342,7 @@ class Runtime:
         deadline = asyncio.timeout(timeout_s)
         try:
             async with deadline:
-                await self.start_engines(*names)
+                await self.ready(*names)
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -285,7 +355,7 @@ class Runtime:
         return left
 
     async def _not_started(self, names: list[str], timeout_s: float | None, query_id: str | None) -> str:
-        missing = [n for n in names if n not in self._pools]
+        missing = [n for n in names if n not in self._pools and n not in self._stand_ins]
         return await not_started_message(missing, self.specs, self.hosting, timeout_s, query_id)
 
     async def add_local_engine(self, name: str, engine: Any, policy: Any = None, owner: Any = None) -> ReplicaPool:
@@ -353,8 +423,7 @@ class Runtime:
         if pool is not None and loop is not None and not loop.is_closed():
             def close() -> None:  # a task kept referenced until done (the loop holds it weakly)
                 task = loop.create_task(pool.close())
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                self._keep_until_done(task)
 
             try:  # its scheduler task stops on the loop it runs on
                 loop.call_soon_threadsafe(close)
@@ -406,12 +475,12 @@ class Runtime:
         if not isinstance(inputs, Mapping):
             raise TypeError(f"execute takes the graph inputs as a dict, got {type(inputs).__name__}")
         timeout_s = check_timeout(timeout_s)
-        missing = sorted(self.engines_for(graph) - set(self._pools))
+        missing = sorted(self.engines_for(graph) - set(self._pools) - set(self._stand_ins))
         left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes, on_output=on_output,
-                       stream_llm_calls=stream_llm_calls, start_engines=self.start_engines)
+                       stream_llm_calls=stream_llm_calls, start_engines=self.ready)
         try:
             return await run.run()
         except QueryTimeoutError as exc:
@@ -436,13 +505,9 @@ class Runtime:
                 task.cancel()
             if starting:
                 await asyncio.wait(starting, timeout=STOP_STARTS_S)
-            await asyncio.gather(*(p.close() for p in list(self._pools.values())), return_exceptions=True)
+            pools = [*self._pools.values(), *self._stand_ins.values()]
+            await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
             await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
-            if self._owns_ray:  # on the thread that started it: once that thread ends, Ray is gone
-                import ray
-
-                ray.shutdown()
-                self._owns_ray = False
 
         from .ray_hosting import CLOSE_BUDGET_S  # the pools close in parallel, each within it
 
@@ -450,15 +515,44 @@ class Runtime:
         budget = STOP_STARTS_S + CLOSE_BUDGET_S + LEFTOVER_TASKS_S + 5
         self._loop_thread.stop(close_all, budget, lambda exc: log.warning("closing engines: %s", exc))
         self._pools.clear()
-        if self._owns_ray:
-            import ray
+        self._stand_ins.clear()
+        if self._ray_thread.loop is not None:
+            if self._owns_ray or (self._ray_ready is not None and not self._ray_ready.done()):
+                import ray
 
-            ray.shutdown()
-            self._owns_ray = False
+                try:  # on the thread that started it (after a start in progress)
+                    self._ray_thread.call(lambda: ray.shutdown() if self._owns_ray else None, timeout=60)
+                except Exception as exc:  # noqa: BLE001 — shutting down anyway
+                    log.warning("stopping Ray: %s", exc)
+                self._owns_ray = False
+            self._ray_thread.stop(_nothing, 10, lambda exc: None)
 
 
 async def _nothing() -> None:
     pass
+
+
+def _finish_before_exit(ray_start: concurrent.futures.Future[None]) -> None:
+    """An app may end while Ray starts on its thread (a query needed no Ray yet). A Ray start
+    that completes inside the interpreter's exit handlers crashes the process (SIGSEGV), so
+    the exit waits for it first, before the exit handlers run (where ``shutdown`` stops it)."""
+
+    def wait() -> None:
+        concurrent.futures.wait([ray_start], timeout=RAY_START_AT_EXIT_S)
+
+    try:
+        threading._register_atexit(wait)  # type: ignore[attr-defined]  # runs before atexit's handlers
+    except (AttributeError, RuntimeError):  # no such hook, or the interpreter is already exiting
+        pass
+
+
+def _blocking(fn: Callable[[], T]) -> Awaitable[T]:
+    """``fn()`` as a coroutine, for a thread whose loop exists to run such calls."""
+
+    async def call() -> T:
+        return fn()
+
+    return call()
 
 
 async def _cancel_leftover_tasks(timeout_s: float) -> None:
