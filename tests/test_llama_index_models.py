@@ -128,7 +128,18 @@ def test_an_embedding_model_named_by_hub_id_is_the_engines_when_its_cached_files
     other_store = InMemoryVectorStore.from_texts(["a passage"], pooled_otherwise)
     (note,) = TeolaRunnable(other_store.as_retriever(), runtime=runtime)._plan("q").trace.opaque
     assert "1_Pooling/config.json differs" in note.reason, note.reason
-    from teola_plugin.capture.model_files import local_model_dir
+    def with_a_dense_layer(name):  # one more module listed: the snapshot's pipeline differs
+        return (model_dir / name).read_bytes().replace(b"]", b', {"idx": 2, "name": "2", "path": "2_Dense", '
+                                                             b'"type": "sentence_transformers.models.Dense"}]') \
+            if name == "modules.json" else None
+
+    from teola_plugin.capture.model_files import first_difference, local_model_dir
+    extra = hub_cache(tmp_path / "extra", model_dir, edit=with_a_dense_layer)
+    snapshot = local_model_dir(HUB_ID, [str(extra)])
+    (snapshot / "2_Dense").mkdir()
+    (snapshot / "2_Dense" / "config.json").write_text("{}")
+    assert first_difference(model_dir, snapshot) == "2_Dense/config.json is only in " + str(snapshot)
+    assert first_difference(model_dir, local_model_dir(HUB_ID, [str(same)])) is None
     assert local_model_dir(HUB_ID, [str(tmp_path / "empty")]) is None  # nothing cached: unknown
     assert local_model_dir(HUB_ID, [str(tmp_path / "empty"), str(same)]).parent.name == "snapshots"
 

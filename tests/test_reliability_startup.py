@@ -156,7 +156,11 @@ def test_an_app_that_fails_while_ray_is_still_starting_exits_with_its_own_error(
     import subprocess
     import sys
 
-    app = (APP_WITH_EXECUTOR +
+    app = ("import time\n"
+           "import teola_plugin.runtime.runtime as runtime_module\n"
+           "connect = runtime_module.connect_ray  # Ray's start made slow: the app ends while it runs\n"
+           "runtime_module.connect_ray = lambda address: (time.sleep(8), connect(address))[1]\n" +
+           APP_WITH_EXECUTOR +
            "from llama_index.core import Document, VectorStoreIndex\n"
            "index = VectorStoreIndex.from_documents([Document(text='Paris is the capital of France.')])\n"
            "print('NODES', len(index.as_retriever().retrieve('capital of France')), flush=True)\n"
@@ -165,3 +169,4 @@ def test_an_app_that_fails_while_ray_is_still_starting_exits_with_its_own_error(
     assert r.returncode == 1 and "NODES 1" in r.stdout, (r.returncode, r.stderr[-3000:])
     assert "RuntimeError: the app failed after its first query" in r.stderr, r.stderr[-3000:]
     assert not any(word in r.stderr for word in ("Segmentation fault", "ERROR")), r.stderr[-3000:]
+    assert r.stderr.count("Started a local Ray instance") == 1, r.stderr[-3000:]  # none at exit

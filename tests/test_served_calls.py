@@ -370,3 +370,64 @@ def test_a_function_agent_answers_as_plain_with_its_requests_relayed(recording_p
     assert relayed(served_runtime) - before == len(plain_bodies) >= 1
     sent = bodies(recording_proxy.take())
     assert sent == plain_bodies and '"tools"' in sent[0] and '"stream": true' in sent[0]
+
+
+def embedder_batches(runtime: Runtime) -> int:
+    return sum(s["batches_run"] for s in runtime.run_sync(runtime.engines("embedder").stats()))
+
+
+def test_embeddings_of_code_run_as_is_are_computed_by_the_embedder_engine(runtime):
+    """A LangGraph node's retriever and a LlamaIndex workflow step embed with the app's own
+    sentence-transformers model; under Teola those calls go to the embedder engine (the same
+    model files and settings): same documents, same vectors; a model the engine does not
+    compute (a query instruction) keeps its own."""
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_huggingface import HuggingFaceEmbeddings
+    from langgraph.graph import END, START, StateGraph
+    from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin import datasets
+    from teola_plugin.engines.embedder import default_model_path
+
+    passages = [p.text for p in datasets.load_corpus("squad-xquad-en")[:16]]
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()),
+                                       encode_kwargs={"normalize_embeddings": True})
+    retriever = InMemoryVectorStore.from_texts(passages, embeddings).as_retriever(search_kwargs={"k": 2})
+
+    class State(TypedDict):
+        question: str
+        context: list[str]
+
+    builder = StateGraph(State)
+    builder.add_node("retrieve", lambda state: {"context": [d.page_content for d in retriever.invoke(state["question"])]})
+    builder.add_edge(START, "retrieve")
+    builder.add_edge("retrieve", END)
+    graph = builder.compile()
+    question = {"question": "Which team won Super Bowl 50?", "context": []}
+    plain = graph.invoke(question)
+    runtime.run_sync(runtime.start_engines("embedder"))
+    before = embedder_batches(runtime)
+    assert TeolaRunnable(graph, runtime=runtime).invoke(question) == plain and len(plain["context"]) == 2
+    assert embedder_batches(runtime) > before  # the node's query embedding ran on the engine
+
+    model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+
+    class Embed(Workflow):
+        @step
+        async def embed(self, ev: StartEvent) -> StopEvent:
+            return StopEvent(result=model.get_query_embedding(ev.text))
+
+    async def run(text: str) -> list[float]:
+        return await Embed().run(text=text)
+
+    text = "Who won Super Bowl 50?"
+    plain_vector = asyncio.run(run(text))
+    Settings.executor = TeolaExecutor(runtime=runtime, start_engines=False)
+    before = embedder_batches(runtime)
+    teola_vector = asyncio.run(run(text))
+    assert embedder_batches(runtime) == before + 1 and teola_vector == pytest.approx(plain_vector, abs=1e-5)
+    instructed = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu", query_instruction="q: ")
+    assert instructed.get_query_embedding(text) == pytest.approx(
+        model.get_query_embedding("q: " + text), abs=1e-5)  # its own prompt, computed by its own model
+    assert embedder_batches(runtime) == before + 2  # only the engine's model's call went to the engine

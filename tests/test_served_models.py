@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import openai
 import pytest
@@ -198,7 +199,8 @@ def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(m
         await engine.start()
         try:
             body = {"model": SERVED_NAME, "max_tokens": 4, "temperature": 0.0, "extra_body": {"min_tokens": 4},
-                    "messages": [{"role": "user", "content": "Prefix caching test. " * 40 + QUESTIONS[2]}]}
+                    "messages": [{"role": "user", "content": f"Prefix caching test {uuid.uuid4()}. " * 30
+                                  + QUESTIONS[2]}]}  # a prompt no earlier run left in the cache
             prefilled = await engine.prefill(body)
             generation = await engine.generate(body)
             return prefilled, generation

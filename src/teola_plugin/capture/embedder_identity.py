@@ -69,7 +69,7 @@ def embedder_serving(specs: Mapping[str, Any], label: str, model_name: Any, *, n
         differing = model_files.first_difference(engine_dir, model_dir)
         if differing is not None:
             return None, (f"{label} model {str(model_name)!r} ({model_dir}) is not the embedder engine's model "
-                          f"({engine_dir}): {differing} differs")
+                          f"({engine_dir}): {differing}")
     if not normalize and not normalizes_itself(engine_dir):
         return None, f"{label} does not normalize its vectors (the engine does)"
     added = sorted(k for k, v in (prompts or {}).items() if v)

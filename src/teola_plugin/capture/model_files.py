@@ -3,10 +3,11 @@
 A framework's embedding class names its model either by directory or by hub id
 (``sentence-transformers/all-MiniLM-L6-v2``, what the frameworks' docs write). A hub id loads
 the snapshot in the local Hugging Face cache; it computes what the engine's directory
-computes when every file the engine's model loads is in the snapshot with the same bytes.
-Files that do not reach the model (its card, training-data notes, git attributes) are not
-compared; extra files in the snapshot (other formats: ONNX, OpenVINO, PyTorch ``.bin``) are
-not loaded while ``model.safetensors`` is there, and that file is compared.
+computes when both load the same files with the same bytes. Files that do not reach the
+model (its card, training-data notes, git attributes) are not compared, nor other formats of
+the weights (ONNX, OpenVINO folders; PyTorch ``.bin`` and the like next to
+``model.safetensors``, which is compared). Hashes are kept per file (path, size, mtime): a
+model's weights are read once per process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 NOT_LOADED = frozenset({"README.md", "data_config.json", "train_script.py"})
+OTHER_BACKENDS = frozenset({"onnx", "openvino"})  # folders of other runtimes' exports
+OTHER_WEIGHTS = frozenset({"pytorch_model.bin", "tf_model.h5", "rust_model.ot", "flax_model.msgpack"})
 
 _digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: weights hash once
 _lock = threading.Lock()
@@ -44,22 +47,26 @@ def local_model_dir(model_name: Any, cache_folders: Sequence[str | None] = (None
     return None
 
 
-def loaded_files(model_dir: Path) -> list[Path]:
-    """The files of ``model_dir`` that reach the model, relative to it."""
-    return sorted(f.relative_to(model_dir) for f in model_dir.rglob("*")
-                  if f.is_file() and f.name not in NOT_LOADED
-                  and not any(part.startswith(".") for part in f.relative_to(model_dir).parts))
+def loaded_files(model_dir: Path) -> set[Path]:
+    """The files of ``model_dir`` that reach the model, relative to it: not the card or the
+    notes, not other formats' folders (ONNX, OpenVINO), and, next to ``model.safetensors``
+    (which the torch backend loads), not the same weights in other formats."""
+    files = {f.relative_to(model_dir) for f in model_dir.rglob("*") if f.is_file()}
+    safetensors = Path("model.safetensors") in files
+    return {rel for rel in files
+            if rel.name not in NOT_LOADED and not any(part.startswith(".") for part in rel.parts)
+            and rel.parts[0] not in OTHER_BACKENDS and not (safetensors and rel.name in OTHER_WEIGHTS)}
 
 
 def first_difference(reference: Path, candidate: Path) -> str | None:
-    """The first file ``reference`` loads that ``candidate`` lacks or holds other bytes in
-    ("model.safetensors"), else None: both directories load the same model."""
-    for rel in loaded_files(reference):
-        other = candidate / rel
-        if not other.is_file():
-            return f"{rel} (missing)"
-        if _digest(reference / rel) != _digest(other):
-            return str(rel)
+    """What differs in the first file that one directory loads and the other lacks or holds
+    other bytes in ("model.safetensors differs"), else None: both load the same model."""
+    ours, theirs = loaded_files(reference), loaded_files(candidate)
+    for rel in sorted(ours | theirs):
+        if rel not in theirs or rel not in ours:
+            return f"{rel} is only in {reference if rel in ours else candidate}"
+        if _digest(reference / rel) != _digest(candidate / rel):
+            return f"{rel} differs"
     return None
 
 

@@ -45,7 +45,7 @@ from ..optimizer.manager import PassManager
 from ..runtime.caller import calling_from
 from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
-from ..served_calls import EXPLAIN_ROUTED
+from ..served_calls import EXPLAIN_ROUTED, embedding_calls
 from ..runtime.runtime import Runtime, default_runtime
 from . import instrumentation
 from .pending_ingestion import IDLE_FLUSH_S, PendingIngestion, flush_all, pending_states
@@ -62,6 +62,7 @@ def running_executor() -> TeolaExecutor | None:
 
 @contextlib.contextmanager
 def _running(executor: TeolaExecutor) -> Iterator[None]:
+    embedding_calls.install()  # an embedding class imported since the integration loaded
     token = _RUNNING.set(executor)
     try:
         yield
@@ -122,6 +123,7 @@ class TeolaExecutor:
         self.idle_flush_s = check_timeout(idle_flush_s, name="idle_flush_s")
         self._context: TraceContext | None = None
         self.last_query_id: str | None = None  # for the runtime timeline of the latest run
+        embedding_calls.install()  # the app's embedding class, if loaded: its calls in steps Teola runs as they are
         self.started: concurrent.futures.Future[None] | None = self.start() if start_engines else None
 
     def start(self, *engines: str) -> concurrent.futures.Future[None]:

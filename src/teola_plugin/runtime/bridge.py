@@ -32,8 +32,10 @@ _DONE = object()
 
 
 async def started_pool(runtime: Runtime, name: str) -> ReplicaPool:
-    """The pool of engine ``name``, started on first use (call on the runtime loop)."""
-    return (await runtime.start_engines(name))[name]
+    """The pool serving engine ``name``, started on first use (or its in-process stand-in
+    while its actors start; call on the runtime loop)."""
+    await runtime.ready(name)
+    return runtime.engines(name)
 
 
 async def engine_stream(runtime: Runtime, engine: str, method: str, kwargs: Mapping[str, Any],

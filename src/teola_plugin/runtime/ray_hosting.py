@@ -348,6 +348,8 @@ class RayHandle(EngineHandle):
     async def close(self) -> None:
         import ray
 
+        if not ray.is_initialized():  # Ray already stopped, its actors with it (a call would start a new Ray)
+            return
         try:
             await self._settle_background(CLOSE_WAIT_S)
             if self._started:  # else nothing to close gracefully (and an unplaced actor never answers)
@@ -363,7 +365,8 @@ class RayHandle(EngineHandle):
         import ray
 
         await self._settle_background(0)
-        ray.kill(self.actor, no_restart=True)
+        if ray.is_initialized():  # else Ray already stopped, its actors with it
+            ray.kill(self.actor, no_restart=True)
 
     async def _settle_background(self, timeout_s: float) -> None:
         """Let in-flight sends and clean-ups (cancels of abandoned calls) finish, up to

@@ -45,6 +45,7 @@ T = TypeVar("T")
 START_REPORT_S = 60.0  # an engine still starting after this long gets a warning (and again after each)
 STOP_STARTS_S = 30.0  # shutdown: how long starts in progress get to stop their replicas
 LEFTOVER_TASKS_S = 10.0  # shutdown: how long whatever still runs on the loop gets after a cancel
+RETRY_BEHIND_S = 30.0  # a failed actor start behind a stand-in: the earliest retry
 RAY_START_AT_EXIT_S = 120.0  # an app ending while Ray starts: how long its exit waits for the start
 
 
@@ -125,10 +126,13 @@ class Runtime:
         # end first and take Ray with it. Off the loop, so queries run while Ray starts.
         self._ray_thread = LoopThread("teola-ray")
         self._ray_ready: concurrent.futures.Future[None] | None = None
+        self._exit_waits_for_ray = False  # _finish_before_exit registered
         self._owns_ray = False
         self.stand_ins = stand_ins  # serve embedders / rerankers in-process while their actors start
         self._stand_ins: dict[str, ReplicaPool] = {}  # engine name -> its in-process stand-in
         self._behind: dict[str, asyncio.Task[Any]] = {}  # actor starts a stand-in covers for
+        self._behind_retry_at: dict[str, float] = {}  # loop time before which a failed one is not retried
+        self._retiring: set[ReplicaPool] = set()  # stand-ins answering their last requests
         self._closed = False
         self._start_lock = threading.Lock()
         self._local_objects: dict[str, Any] = {}  # shared_local_engine: name -> engine object
@@ -225,11 +229,17 @@ class Runtime:
             if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
                 self._ray_thread.start()
                 ready = self._ray_ready = self._ray_thread.submit(_blocking(self._init_ray))
-                _finish_before_exit(ready)
+                if not self._exit_waits_for_ray:
+                    self._exit_waits_for_ray = _finish_before_exit(lambda: self._ray_ready)
             return ready
 
     def _init_ray(self) -> None:
-        self._owns_ray = connect_ray(self.ray_address)
+        self._owns_ray = connect_ray(self.ray_address) or self._owns_ray
+        # Exit handlers run last-registered first, and importing Ray registered Ray's own
+        # shutdown after this runtime's: register ours again so it runs while Ray still
+        # serves (closing an actor after Ray's shutdown would start a new Ray at exit).
+        atexit.unregister(self.shutdown)
+        atexit.register(self.shutdown)
 
     # -- engines -------------------------------------------------------------------------------
     def engines(self, name: str) -> ReplicaPool:
@@ -263,7 +273,9 @@ class Runtime:
         if self.hosting == "ray" and not spec.in_process:
             from .ray_hosting import RayHandle
 
-            await asyncio.wrap_future(self._connect_ray())
+            # shielded: a caller that stops waiting (a query's timeout) must not cancel the
+            # one Ray start every other caller waits for
+            await asyncio.shield(asyncio.wrap_future(self._connect_ray()))
             handles = [RayHandle(spec, i) for i in range(spec.replicas)]
         else:
             handles = [LocalHandle(spec) for _ in range(spec.replicas)]
@@ -288,7 +300,10 @@ class Runtime:
         log.info("engine %s started (%d replica(s), %s)", name, spec.replicas, self.hosting)
         stand_in = self._stand_ins.pop(name, None)
         if stand_in is not None:  # new requests go to the actors; it closes when it has answered
-            self._keep_until_done(asyncio.get_running_loop().create_task(retire(stand_in)))
+            self._retiring.add(stand_in)
+            task = asyncio.get_running_loop().create_task(retire(stand_in))
+            task.add_done_callback(lambda _: self._retiring.discard(stand_in))
+            self._keep_until_done(task)
 
     # -- stand-ins (stand_ins.py) ----------------------------------------------------------------
     async def ready(self, *names: str) -> None:
@@ -299,15 +314,25 @@ class Runtime:
             if name in self._pools:
                 continue
             spec = self.specs.get(name)
-            if self.stand_ins and spec is not None and may_stand_in(spec, self.hosting):
+            # not on a named cluster: the model may exist only on its nodes
+            if self.stand_ins and self.ray_address is None and spec is not None and may_stand_in(spec, self.hosting):
                 self._start_behind(name)
                 if name not in self._stand_ins:
-                    stand_ins.append(self._starts.join(
-                        f"{name} (in-process stand-in)", lambda n=name: self._start_stand_in(n),
-                        lambda n=name: n in self._stand_ins or n in self._pools))
+                    stand_ins.append(self._stood_in(name))
             else:
                 others.append(name)
         await asyncio.gather(*stand_ins, *([self.start_engines(*others)] if others else []))
+
+    async def _stood_in(self, name: str) -> None:
+        """Wait for ``name``'s stand-in (one start shared by every waiter); if it cannot
+        start, wait for the engine itself, as without stand-ins."""
+        try:
+            await self._starts.join(f"{name} (in-process stand-in)", lambda: self._start_stand_in(name),
+                                    lambda: name in self._stand_ins or name in self._pools)
+        except Exception as exc:  # noqa: BLE001 — reported, then the engine's own start decides
+            log.warning("engine %s: no in-process stand-in (%s: %s); waiting for its start",
+                        name, type(exc).__name__, exc)
+            await self.start_engines(name)
 
     async def _start_stand_in(self, name: str) -> None:
         pool = await start_stand_in(tuned(self.specs[name], self.cost_model()))
@@ -317,14 +342,18 @@ class Runtime:
         self._stand_ins[name] = pool
 
     def _start_behind(self, name: str) -> None:
-        """The engine's own start, which nobody waits for while its stand-in serves."""
-        if name in self._behind or name in self._pools:
+        """The engine's own start, which nobody waits for while its stand-in serves; after a
+        failure, the next query needing the engine starts it again (not sooner than
+        ``RETRY_BEHIND_S``: the stand-in serves meanwhile)."""
+        loop = asyncio.get_running_loop()
+        if name in self._behind or name in self._pools or loop.time() < self._behind_retry_at.get(name, 0.0):
             return
-        task = self._behind[name] = asyncio.get_running_loop().create_task(self.start_engines(name))
+        task = self._behind[name] = loop.create_task(self.start_engines(name))
 
         def done(task: asyncio.Task[Any]) -> None:
             self._behind.pop(name, None)
-            if not task.cancelled() and task.exception() is not None:  # the next query tries again
+            if not task.cancelled() and task.exception() is not None:
+                self._behind_retry_at[name] = loop.time() + RETRY_BEHIND_S
                 (log.debug if self._closed else log.warning)(
                     "engine %s did not start on Ray (%s: %s); its in-process stand-in serves it meanwhile",
                     name, type(task.exception()).__name__, task.exception())
@@ -475,7 +504,10 @@ class Runtime:
         if not isinstance(inputs, Mapping):
             raise TypeError(f"execute takes the graph inputs as a dict, got {type(inputs).__name__}")
         timeout_s = check_timeout(timeout_s)
-        missing = sorted(self.engines_for(graph) - set(self._pools) - set(self._stand_ins))
+        needed = self.engines_for(graph)
+        for name in needed & set(self._stand_ins):  # a failed start behind a stand-in is retried
+            self._start_behind(name)
+        missing = sorted(needed - set(self._pools) - set(self._stand_ins))
         left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
@@ -505,7 +537,7 @@ class Runtime:
                 task.cancel()
             if starting:
                 await asyncio.wait(starting, timeout=STOP_STARTS_S)
-            pools = [*self._pools.values(), *self._stand_ins.values()]
+            pools = [*self._pools.values(), *self._stand_ins.values(), *self._retiring]
             await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
             await _cancel_leftover_tasks(timeout_s=LEFTOVER_TASKS_S)
 
@@ -521,7 +553,8 @@ class Runtime:
                 import ray
 
                 try:  # on the thread that started it (after a start in progress)
-                    self._ray_thread.call(lambda: ray.shutdown() if self._owns_ray else None, timeout=60)
+                    self._ray_thread.call(lambda: ray.shutdown() if self._owns_ray else None,
+                                         timeout=RAY_START_AT_EXIT_S)
                 except Exception as exc:  # noqa: BLE001 — shutting down anyway
                     log.warning("stopping Ray: %s", exc)
                 self._owns_ray = False
@@ -532,18 +565,22 @@ async def _nothing() -> None:
     pass
 
 
-def _finish_before_exit(ray_start: concurrent.futures.Future[None]) -> None:
+def _finish_before_exit(ray_start: Callable[[], concurrent.futures.Future[None] | None]) -> bool:
     """An app may end while Ray starts on its thread (a query needed no Ray yet). A Ray start
     that completes inside the interpreter's exit handlers crashes the process (SIGSEGV), so
-    the exit waits for it first, before the exit handlers run (where ``shutdown`` stops it)."""
+    the exit waits for the latest start first, before the exit handlers run (where
+    ``shutdown`` stops Ray). True once the wait is registered."""
 
     def wait() -> None:
-        concurrent.futures.wait([ray_start], timeout=RAY_START_AT_EXIT_S)
+        start = ray_start()
+        if start is not None:
+            concurrent.futures.wait([start], timeout=RAY_START_AT_EXIT_S)
 
     try:
         threading._register_atexit(wait)  # type: ignore[attr-defined]  # runs before atexit's handlers
     except (AttributeError, RuntimeError):  # no such hook, or the interpreter is already exiting
-        pass
+        return False
+    return True
 
 
 def _blocking(fn: Callable[[], T]) -> Awaitable[T]:

@@ -4,7 +4,8 @@ Code Teola runs as it is — an opaque LangChain step or a whole LangGraph graph
 ``TeolaRunnable``, a LlamaIndex workflow, agent or chat engine under the executor — still
 calls its models. When such a call goes to a model server through the ``openai`` SDK, the
 request is sent by the runtime's served engine for that server (``openai_sdk.py``), so the
-engine scheduler admits, orders and times it with every other request to that server.
+engine scheduler admits, orders and times it with every other request to that server; an
+embedding the embedder engine computes alike goes to that engine (``embedding_calls.py``).
 
 A scope is active while Teola runs framework code for a caller: a LangChain plan sets it
 around its graph run (:func:`routing_served_calls`; context variables reach the graph's
@@ -42,6 +43,9 @@ _fallbacks: list[Callable[[], ServedCallScope | None]] = []
 def routing_served_calls(runtime: Any, priority: Priority | None = None) -> Iterator[ServedCallScope]:
     """Model-server calls made in this context (and the tasks and threads it starts) go
     through ``runtime``'s served engines."""
+    from . import embedding_calls
+
+    embedding_calls.install()  # an embedding class imported since the integration loaded
     scope = ServedCallScope(runtime, priority or Priority())
     token = _SCOPE.set(scope)
     try:
