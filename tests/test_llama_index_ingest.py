@@ -387,3 +387,42 @@ def test_concurrent_queries_each_insert_their_own_pending_nodes_once(runtime, ex
     assert [n.score for n in nodes] == pytest.approx([n.score for n in plain_nodes], abs=1e-5)
     assert ids(answer.source_nodes) == ids(plain_answer.source_nodes)
     assert answer.response == plain_answer.response  # one LLM call in flight: no batching with another
+
+
+def test_an_ingestion_pipeline_embeds_on_the_embedder_engine_with_plains_result(runtime):
+    """``IngestionPipeline([splitter, HuggingFaceEmbedding])`` as the docs load documents: its
+    embedding transformation is LlamaIndex's own code, and under ``Settings.executor`` its
+    model's calls go to the embedder engine (the same model): the same nodes, the same
+    vectors (1e-5), sync and async."""
+    import asyncio
+
+    from llama_index.core.ingestion import IngestionPipeline
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.engines.embedder import default_model_path
+
+    model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+    docs = documents(6)
+
+    def pipeline() -> IngestionPipeline:
+        return IngestionPipeline(transformations=[splitter(), model])
+
+    def batches() -> int:
+        return sum(s["batches_run"] for s in runtime.run_sync(runtime.engines("embedder").stats()))
+
+    plain = pipeline().run(documents=docs)
+    runtime.run_sync(runtime.start_engines("embedder"))
+    Settings.executor = TeolaExecutor(runtime=runtime, start_engines=False)
+    try:
+        before = batches()
+        teola = pipeline().run(documents=docs)
+        after_sync = batches()
+        ateola = asyncio.run(pipeline().arun(documents=docs))
+    finally:
+        Settings.executor = None
+    assert after_sync > before and batches() > after_sync  # both runs embedded on the engine
+    assert len(plain) > 6
+    for nodes in (teola, ateola):
+        assert [(n.node_id, n.get_content()) for n in nodes] == [(n.node_id, n.get_content()) for n in plain]
+        for got, want in zip(nodes, plain):
+            assert got.embedding == pytest.approx(want.embedding, abs=1e-5)
