@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,10 @@ class RecordingProxy:
     requests: list[tuple[str, dict]] = field(default_factory=list)
     replay: bool = False
     replies: dict[str, tuple[int, str, bytes]] = field(default_factory=dict)  # path + body -> reply
+    # The next request's fault: "500" (the server fails it: HTTP 500 and an OpenAI-style error
+    # body), "drop" (the server's reply is cut off halfway, as when it is killed mid-stream).
+    fault: str | None = None
+    port: int = 0  # 0: any free port; kept across stop() / start() (a server restarted in place)
 
     def start(self) -> RecordingProxy:
         proxy = self
@@ -57,6 +62,11 @@ class RecordingProxy:
                 body = self.rfile.read(length) if length else b""
                 if body:
                     proxy.requests.append((self.path, json.loads(body)))
+                fault, proxy.fault = (proxy.fault, None) if body else (None, proxy.fault)
+                if fault == "500":
+                    self._reply(500, "application/json", json.dumps({"error": {
+                        "message": "the model server failed", "type": "InternalServerError", "code": 500}}).encode())
+                    return
                 key = self.path + (json.dumps(json.loads(body), sort_keys=True) if body else "")
                 if not (proxy.replay and key in proxy.replies):
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
@@ -65,11 +75,20 @@ class RecordingProxy:
                     proxy.replies[key] = (reply.status_code, reply.headers.get("content-type", "application/json"),
                                           reply.content)
                 status, content_type, payload = proxy.replies[key]
+                if fault == "drop":
+                    proxy.replies.pop(key)  # a reply nobody got whole is not replayed
+                self._reply(status, content_type, payload, cut=fault == "drop")
+
+            def _reply(self, status: int, content_type: str, payload: bytes, cut: bool = False) -> None:
                 self.send_response(status)
                 self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                self.wfile.write(payload[:len(payload) // 2] if cut else payload)
+                if cut:  # the connection ends before the body does
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
             def do_POST(self) -> None:
                 self._forward("POST")
@@ -77,7 +96,8 @@ class RecordingProxy:
             def do_GET(self) -> None:
                 self._forward("GET")
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import uuid
 
+import httpx
 import openai
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
@@ -186,6 +187,42 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
     if failure != "refused":
         ok = openai_like(model_server.base_url, is_chat_model=True, context_window=2048)
         assert str(executor.query(squad_index.as_query_engine(llm=ok, similarity_top_k=1), QUESTIONS[1]))
+
+
+@pytest.mark.parametrize("fault", ["500", "drop"])
+def test_a_failed_or_cut_off_reply_and_a_restarted_server_behave_as_plain(fault, recording_proxy, squad_index,
+                                                                          executor, runtime):
+    """The server fails a request (HTTP 500) or dies mid-reply (the connection ends halfway
+    through the body, a stream included), then restarts on its port: each call raises what
+    plain raises, nothing hangs, and the next query after the restart is answered."""
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_retries=0)
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=1)
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", max_tokens=16,
+                       temperature=0, max_retries=0)
+
+    def streamed(runnable) -> str:
+        return "".join(chunk.content for chunk in runnable.stream(QUESTIONS[0]))
+
+    for plain_call, teola_call in [
+        (lambda: engine.query(QUESTIONS[0]), lambda: executor.query(engine, QUESTIONS[0])),
+        (lambda: model.invoke(QUESTIONS[0]), lambda: TeolaRunnable(model, runtime=runtime).invoke(QUESTIONS[0])),
+        (lambda: streamed(model), lambda: streamed(TeolaRunnable(model, runtime=runtime))),
+    ]:
+        recording_proxy.fault = fault
+        plain = _raised(plain_call)
+        recording_proxy.fault = fault
+        teola = _raised(teola_call)
+        assert type(teola) is type(plain) and isinstance(plain, (openai.APIError, httpx.HTTPError)), (plain, teola)
+
+    recording_proxy.stop()  # the server is down: plain's error, from Teola too
+    plain, teola = _raised(lambda: engine.query(QUESTIONS[1])), _raised(lambda: executor.query(engine, QUESTIONS[1]))
+    assert isinstance(plain, openai.APIConnectionError) and type(teola) is type(plain)
+    recording_proxy.start()  # back on its port: the served engine's client reconnects
+    assert str(executor.query(engine, QUESTIONS[1])) == str(engine.query(QUESTIONS[1]))
 
 
 def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(model_server):
