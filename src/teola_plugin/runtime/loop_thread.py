@@ -46,11 +46,11 @@ class LoopThread:
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run the blocking ``fn()`` on the loop's own thread (holding up the loop meanwhile),
         for work that must belong to a thread living as long as the loop."""
+        return self.run_sync(_called(fn), timeout)
 
-        async def on_the_loop() -> T:
-            return fn()
-
-        return self.run_sync(on_the_loop(), timeout)
+    def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """:meth:`call` without waiting: the future of ``fn()``'s result."""
+        return self.submit(_called(fn))
 
     def in_thread(self) -> bool:
         """Is the caller the loop's own thread (where blocking on the loop would hang)?"""
@@ -95,3 +95,6 @@ class LoopThread:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
 
+
+async def _called(fn: Callable[[], T]) -> T:
+    return fn()

@@ -228,9 +228,11 @@ class Runtime:
             ready = self._ray_ready
             if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
                 self._ray_thread.start()
-                ready = self._ray_ready = self._ray_thread.submit(_blocking(self._init_ray))
+                ready = self._ray_ready = self._ray_thread.call_soon(self._init_ray)
                 if not self._exit_waits_for_ray:
-                    self._exit_waits_for_ray = _finish_before_exit(lambda: self._ray_ready)
+                    me = weakref.ref(self)  # the exit hook outlives the runtime: no strong reference
+                    self._exit_waits_for_ray = _finish_before_exit(
+                        lambda: runtime._ray_ready if (runtime := me()) is not None else None)
             return ready
 
     def _init_ray(self) -> None:
@@ -581,15 +583,6 @@ def _finish_before_exit(ray_start: Callable[[], concurrent.futures.Future[None] 
     except (AttributeError, RuntimeError):  # no such hook, or the interpreter is already exiting
         return False
     return True
-
-
-def _blocking(fn: Callable[[], T]) -> Awaitable[T]:
-    """``fn()`` as a coroutine, for a thread whose loop exists to run such calls."""
-
-    async def call() -> T:
-        return fn()
-
-    return call()
 
 
 async def _cancel_leftover_tasks(timeout_s: float) -> None:
