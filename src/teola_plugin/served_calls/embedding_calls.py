@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.embedder_identity import embedder_serving
+from ..capture.embedder_identity import huggingface_embeddings_serving
 from .scope import ServedCallScope, current_scope
 
 log = logging.getLogger(__name__)
@@ -32,22 +32,12 @@ log = logging.getLogger(__name__)
 _ORIGINAL = "__teola_original__"
 LANGCHAIN_MODULE = "langchain_huggingface.embeddings.huggingface"  # the community class has no ``_embed``
 LLAMA_INDEX_MODULE = "llama_index.embeddings.huggingface.base"
-PLAIN_ENCODE_KWARGS = frozenset({"normalize_embeddings", "batch_size", "show_progress_bar"})  # vectors unchanged
 
 
 def _langchain_engine(model: Any, scope: ServedCallScope, texts: Any, encode_kwargs: Any) -> str | None:
-    if model.multi_process or set(model.model_kwargs) - {"device"} or str(model.model_kwargs.get("device", "cpu")) != "cpu":
+    if not isinstance(encode_kwargs, dict):
         return None
-    if not isinstance(encode_kwargs, dict) or set(encode_kwargs) - PLAIN_ENCODE_KWARGS:
-        return None
-    client = getattr(model, "_client", None) or getattr(model, "client", None)
-    engine, _ = embedder_serving(scope.runtime.specs, type(model).__name__, model.model_name,
-                                 normalize=bool(encode_kwargs.get("normalize_embeddings", False)),
-                                 prompts=getattr(client, "prompts", None),
-                                 truncate_dim=getattr(client, "truncate_dim", None),
-                                 max_length=getattr(client, "max_seq_length", None),
-                                 cache_folders=[getattr(model, "cache_folder", None)])
-    return engine
+    return huggingface_embeddings_serving(scope.runtime.specs, model, encode_kwargs)[0]
 
 
 def _llama_index_engine(model: Any, scope: ServedCallScope, texts: Any, prompt_name: Any = None) -> str | None:

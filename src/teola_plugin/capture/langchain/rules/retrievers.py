@@ -23,7 +23,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetrieve
 from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.values import StoreSearch
-from ...embedder_identity import embedder_serving
+from ...embedder_identity import huggingface_embeddings_serving
 from ...lowerable import LowerableEmbedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
@@ -63,22 +63,8 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     """``HuggingFaceEmbeddings.embed_query``: newlines to spaces, then its sentence-transformers
     client's ``encode`` with ``query_encode_kwargs`` (if any; langchain-huggingface) or
     ``encode_kwargs``."""
-    name = type(embeddings).__name__
-    if embeddings.multi_process:
-        raise NotLowerable(f"{name}(multi_process=True)")
     encode_kwargs = getattr(embeddings, "query_encode_kwargs", None) or embeddings.encode_kwargs
-    extra = sorted(set(encode_kwargs) - {"normalize_embeddings", "batch_size", "show_progress_bar"})
-    if extra:
-        raise NotLowerable(f"{name} encode_kwargs {extra} change how it encodes")
-    if set(embeddings.model_kwargs) - {"device"} or str(embeddings.model_kwargs.get("device", "cpu")) != "cpu":
-        raise NotLowerable(f"{name} model_kwargs {sorted(embeddings.model_kwargs)} load it unlike the engine")
-    client = getattr(embeddings, "_client", None) or getattr(embeddings, "client", None)
-    engine, why = embedder_serving(t.planner.engine_specs(), name, embeddings.model_name,
-                                   normalize=bool(encode_kwargs.get("normalize_embeddings", False)),
-                                   prompts=getattr(client, "prompts", None),
-                                   truncate_dim=getattr(client, "truncate_dim", None),
-                                   max_length=getattr(client, "max_seq_length", None),
-                                   cache_folders=[getattr(embeddings, "cache_folder", None)])
+    engine, why = huggingface_embeddings_serving(t.planner.engine_specs(), embeddings, encode_kwargs)
     if engine is None:
         raise NotLowerable(why)
     return EmbeddingCall(engine, _newlines_to_spaces)
