@@ -185,7 +185,8 @@ class TeolaExecutor:
             return "\n".join([f"TeolaExecutor plan for {type(target).__name__}", "",
                               "The workflow (an agent, a Workflow) runs its steps as LlamaIndex does: they are "
                               "your code, run unchanged; the query engines and retrievers its steps call run "
-                              "through this executor, lowered (explain each of them to see its graph).",
+                              "through this executor, lowered (explain each of them to see its graph), and "
+                              "a HuggingFaceEmbedding the embedder engine computes alike embeds on that engine.",
                               EXPLAIN_ROUTED])
         app = self.traced(target)
         graph = self._prepare(app.graph)
