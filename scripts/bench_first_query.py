@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from teola_plugin.bench.engine_profiles import machine_meta
+from teola_plugin.bench.engine_profiles import machine_meta, write_results
 from teola_plugin.bench.model_server import SERVED_NAME, start_model_server
 
 COMMAND = "make setup && . scripts/runtime_env.sh && .venv/bin/python scripts/bench_first_query.py"
@@ -110,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = {mode: {key: statistics.median(r[key] for r in rs) for key in ("first_answer_s", "second_query_s")}
              | {"answers": rs[0]["answers"]} for mode, rs in runs.items()}
     result = {"runs": args.runs, "modes": modes, "meta": machine_meta(args.runs)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "first_query.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "first_query.md").write_text(page(result))
+    write_results(args.out, "first_query", result, page(result))
     print(page(result))
     return 0
 

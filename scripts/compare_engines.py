@@ -8,13 +8,11 @@ Writes ``engines.json`` and ``engines.md`` (see teola_plugin.bench.engine_compar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from teola_plugin.bench.engine_comparison import compare_engines
-from teola_plugin.bench.engine_profiles import machine_meta
+from teola_plugin.bench.engine_profiles import machine_meta, write_results
 
 COMMAND = "make setup && . scripts/runtime_env.sh && .venv/bin/python scripts/compare_engines.py"
 
@@ -92,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = compare_engines(repeats=args.repeats, ray=not args.no_ray)
     result["meta"] = machine_meta(args.repeats)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engines.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "engines.md").write_text(page(result))
+    write_results(args.out, "engines", result, page(result))
     print(page(result))
     return 0
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..optimizer.cost import CostModel
 from ..runtime.engine_tuning import tuned
 from ..runtime.hosting import EngineSpec
 
-__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "machine_meta",
+__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "machine_meta", "write_results",
            "profile_engines"]
 
 EMBED_BATCHES = (1, 8, 32, 64)
@@ -286,6 +287,18 @@ def machine_meta(repeats: int) -> dict[str, Any]:
 
     return {"device": f"cpu ({os.cpu_count()} cores, {platform.machine()})", "python": sys.version.split()[0],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "repeats": repeats}
+
+
+def write_results(out_dir: str | Path, stem: str, result: Mapping[str, Any], page: str) -> Path:
+    """Write a benchmark's ``STEM.json`` (the numbers) and ``STEM.md`` (its page) into
+    ``out_dir``; returns the page's path."""
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(page)
+    return out / f"{stem}.md"
 
 
 def profile_engines(repeats: int = 3, which: Sequence[str] = ("embedder", "vector_store", "reranker", "search", "llm")) -> dict[str, Any]:
