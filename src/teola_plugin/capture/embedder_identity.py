@@ -83,6 +83,11 @@ def embedder_serving(specs: Mapping[str, Any], label: str, model_name: Any, *, n
     return name, ""
 
 
+def newlines_to_spaces(text: str) -> str:
+    """LangChain ``HuggingFaceEmbeddings``' own preparation of every text it embeds."""
+    return text.replace("\n", " ")
+
+
 PLAIN_ENCODE_KWARGS = frozenset({"normalize_embeddings", "batch_size", "show_progress_bar"})  # vectors unchanged
 
 

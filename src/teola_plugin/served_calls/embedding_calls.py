@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.embedder_identity import huggingface_embeddings_serving
+from ..capture.embedder_identity import huggingface_embeddings_serving, newlines_to_spaces
 from .scope import ServedCallScope, current_scope
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _llama_index_engine(model: Any, scope: ServedCallScope, texts: Any, prompt_n
 
 
 def _langchain_texts(texts: Sequence[str]) -> list[str]:
-    return [text.replace("\n", " ") for text in texts]  # HuggingFaceEmbeddings._embed's own preparation
+    return [newlines_to_spaces(text) for text in texts]
 
 
 def _routed(original: Callable[..., Any], engine_of: Callable[..., str | None],

@@ -23,7 +23,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetrieve
 from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.values import StoreSearch
-from ...embedder_identity import huggingface_embeddings_serving
+from ...embedder_identity import huggingface_embeddings_serving, newlines_to_spaces
 from ...lowerable import LowerableEmbedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
@@ -55,10 +55,6 @@ def is_huggingface_embeddings(embeddings: Any) -> bool:
         ("langchain_huggingface.", "langchain_community.embeddings"))
 
 
-def _newlines_to_spaces(text: str) -> str:
-    return text.replace("\n", " ")  # HuggingFaceEmbeddings' own preparation of every text
-
-
 def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     """``HuggingFaceEmbeddings.embed_query``: newlines to spaces, then its sentence-transformers
     client's ``encode`` with ``query_encode_kwargs`` (if any; langchain-huggingface) or
@@ -67,7 +63,7 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     engine, why = huggingface_embeddings_serving(t.planner.engine_specs(), embeddings, encode_kwargs)
     if engine is None:
         raise NotLowerable(why)
-    return EmbeddingCall(engine, _newlines_to_spaces)
+    return EmbeddingCall(engine, newlines_to_spaces)
 
 
 # search_type -> the store's method by vector that its text search calls after embed_query
