@@ -33,7 +33,7 @@ import pytest  # noqa: E402
 # The runtime-hosted engines (one Ray runtime, vLLM loaded once): runtime, llm, call.
 from tests.fixtures_runtime import call, llm, runtime  # noqa: E402,F401
 # One vLLM OpenAI-compatible server per session, and a request-recording proxy in front of it.
-from tests.fixtures_served import model_server, recording_proxy  # noqa: E402,F401
+from tests.fixtures_served import embedding_proxy, embedding_server, model_server, recording_proxy  # noqa: E402,F401
 
 T = TypeVar("T")
 

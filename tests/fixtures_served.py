@@ -1,8 +1,10 @@
 """A real vLLM OpenAI-compatible server for the session (``bench/model_server.py``: the one
 the benchmark starts), and a loopback proxy that records what reaches it (the request bodies
 plain and Teola runs send). The server starts once per test session on first use (~60 s on
-2 cores) and stops at its end. While developing, ``TEOLA_TEST_SERVER_PORT=18000`` uses a server
-already running on that loopback port instead (started with ``bench/model_server.py``'s flags).
+2 cores) and stops at its end; the embedding server (``/v1/embeddings``) likewise, for the tests
+that use it. While developing, ``TEOLA_TEST_SERVER_PORT=18000`` (``TEOLA_TEST_EMBEDDING_SERVER_PORT``)
+uses a server already running on that loopback port instead (started with
+``bench/model_server.py``'s flags).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from teola_plugin.bench.model_server import SERVED_NAME, ModelServer, free_port, start_model_server  # noqa: F401
+from teola_plugin.bench.model_server import (EMBEDDING_NAME, SERVED_NAME, ModelServer, free_port,  # noqa: F401
+                                             start_embedding_server, start_model_server)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +30,18 @@ def model_server(tmp_path_factory):
         yield ModelServer(None, int(running), tmp_path_factory.mktemp("vllm-server") / "not-ours.log")
         return
     server = start_model_server(tmp_path_factory.mktemp("vllm-server") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_server(tmp_path_factory):
+    """A second vLLM server, serving ``/v1/embeddings`` (started on first use, ~45 s)."""
+    running = os.environ.get("TEOLA_TEST_EMBEDDING_SERVER_PORT")
+    if running:
+        yield ModelServer(None, int(running), tmp_path_factory.mktemp("vllm-embed") / "not-ours.log", EMBEDDING_NAME)
+        return
+    server = start_embedding_server(tmp_path_factory.mktemp("vllm-embed") / "server.log")
     yield server
     server.stop()
 
@@ -117,5 +132,13 @@ class RecordingProxy:
 @pytest.fixture
 def recording_proxy(model_server):
     proxy = RecordingProxy(f"http://127.0.0.1:{model_server.port}").start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def embedding_proxy(embedding_server):
+    """A recording proxy in front of the embedding server."""
+    proxy = RecordingProxy(f"http://127.0.0.1:{embedding_server.port}").start()
     yield proxy
     proxy.stop()

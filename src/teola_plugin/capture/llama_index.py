@@ -291,6 +291,23 @@ class LlamaIndexTracer:
                            {"query": self.query, "nodes": nodes}, reason,
                            lambda query, nodes: synthesizer.asynthesize(query, nodes))
 
+    def query_embedding(self, embed_model: Any) -> tuple[str | None, dict[str, Any], str]:
+        """Where ``embed_model``'s query embeddings run: (engine, the ``embed`` primitive's
+        attributes, why not). On the embedder engine when it computes the same vectors; on
+        the served engine of its server for a served model (its own ``get_query_embedding``
+        per text, its requests sent by the engine); else (None, {}, the reason)."""
+        from .llama_index_models import embedder_engine_for
+        from .served_embeddings import embedding_endpoint, is_served_embedding
+
+        engine, why = embedder_engine_for(self.ctx.runtime, embed_model)
+        if engine is not None or not is_served_embedding(embed_model):
+            return engine, {}, why
+        try:
+            served = self.ctx.runtime.served_engine(embedding_endpoint(embed_model))
+        except NotLowerable as exc:
+            return None, {}, str(exc)
+        return served, {"embed_text": embed_model.get_query_embedding}, ""
+
     def lower_query_vector(self, embed_model: Any, origin: str,
                            unembeddable: Callable[[Any], Any] | None = None) -> Ref:
         """The query's one search vector, as ``VectorIndexRetriever._retrieve`` computes it:
@@ -299,17 +316,16 @@ class LlamaIndexTracer:
         vector, and its store raises its own error."""
         from llama_index.core.base.embeddings.base import mean_agg
 
-        from .llama_index_models import embedder_engine_for
 
         def nothing_to_embed(query: Any) -> None:
             if unembeddable is not None:
                 unembeddable(query)
             raise ValueError(f"{origin}: the query has neither an embedding nor text to embed")
 
-        engine, why = embedder_engine_for(self.ctx.runtime, embed_model)
+        engine, attrs, why = self.query_embedding(embed_model)
         if engine is not None:
             embed = self.add(Op.EMBED, inputs={"texts": self.embedding_strs()}, engine=engine,
-                             attrs={"est_items": 1}, origin=type(embed_model).__name__)
+                             attrs={"est_items": 1, **attrs}, origin=type(embed_model).__name__)
 
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
                 if query.embedding is not None:

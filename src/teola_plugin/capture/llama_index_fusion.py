@@ -37,7 +37,7 @@ from .llama_index import (
     NotLowerable,
     lowering_rule,
 )
-from .llama_index_models import embedder_engine_for, llm_call_spec
+from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
@@ -88,11 +88,11 @@ def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> R
         check_vector_retriever(retriever)
     except NotLowerable:
         return None
-    engine_name, _ = embedder_engine_for(tr.ctx.runtime, retriever._embed_model)
+    engine_name, attrs, _ = tr.query_embedding(retriever._embed_model)
     if engine_name is None:
         return None
     origin = type(retriever).__name__
-    embed = tr.add(Op.EMBED, inputs={"texts": items}, engine=engine_name, attrs={"est_items": n},
+    embed = tr.add(Op.EMBED, inputs={"texts": items}, engine=engine_name, attrs={"est_items": n, **attrs},
                    origin=origin)
     index, engine = store_index(tr, retriever)
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": embed.out()}, engine=engine,

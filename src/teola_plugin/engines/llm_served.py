@@ -1,4 +1,4 @@
-"""The LLM engine for a model server users already run: any OpenAI-compatible HTTP API
+"""The engine for a model server users already run: any OpenAI-compatible HTTP API
 (vLLM's ``vllm.entrypoints.openai.api_server``, SGLang, Ollama, a hosted endpoint).
 
 It offers the operations of the in-process vLLM engine (``generate``, ``stream``,
@@ -16,6 +16,11 @@ retries), so failures reach the caller as the exception types plain raises
 (``openai.BadRequestError``, ``APIConnectionError``, ``APITimeoutError``...), with a note
 naming the server and the request. The reply object comes back with the text
 (``Generation.response``) for the framework to build its own result types from.
+
+The same server's ``/v1/embeddings`` is reached through :meth:`OpenAICompatibleEngine.relay`
+too: an embedding model's own code (``OpenAIEmbeddings``, ``OpenAILikeEmbedding``) builds the
+request and reads the reply; the engine sends it (``served_calls``), so its requests are
+admitted and timed with the other requests to that server.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 ENGINE_CLIENT_MARK = "_teola_engine_client"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 FACTORY = "teola_plugin.engines.llm_served:OpenAICompatibleEngine"
+GENERATION = frozenset({"messages", "prompt"})  # the request bodies generate / stream / prefill take
 
 
 @dataclass(frozen=True)
@@ -120,16 +126,19 @@ class OpenAICompatibleEngine(LLMEngine):
         return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed}
 
     # -- requests ----------------------------------------------------------------------------
-    def _body(self, prompt: Any, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        if not isinstance(prompt, Mapping) or not ({"messages", "prompt"} & prompt.keys()):
+    def _body(self, prompt: Any, params: Mapping[str, Any] | None, kinds: frozenset[str] = GENERATION) -> dict[str, Any]:
+        if not isinstance(prompt, Mapping) or not (kinds & prompt.keys()):
             raise EngineInputError(
                 f"engine {self.name!r} serves OpenAI-compatible requests: the prompt must be a request body "
-                f"with 'messages' (chat) or 'prompt' (completion), got {type(prompt).__name__}")
+                f"with {' or '.join(sorted(map(repr, kinds)))}, got {type(prompt).__name__}")
         return {**prompt, **dict(params or {})}
 
     async def _create(self, body: dict[str, Any], request_id: str) -> Any:
         self._require_started()
-        api = self._client.chat.completions if "messages" in body else self._client.completions
+        if "messages" in body:
+            api = self._client.chat.completions
+        else:  # a completion, or an embedding request (``input``: relayed only)
+            api = self._client.completions if "prompt" in body else self._client.embeddings
         try:
             return await api.create(**body)
         except Exception as exc:
@@ -170,9 +179,9 @@ class OpenAICompatibleEngine(LLMEngine):
         as it is: the SDK's reply to ``create(**request)`` (a completion, or the raw response
         ``with_raw_response`` asks for) arrives as one finished delta; a streaming request's
         chunks one delta each (``response`` = the chunk), so the caller rebuilds exactly what
-        its client would have returned."""
+        its client would have returned. An embedding request (``input``) is relayed the same way."""
         rid = request_id or self._new_request_id("relay")
-        body = self._body(request, None)
+        body = self._body(request, None, GENERATION | {"input"})
         reply = await self._create(body, rid)
         self.relayed += 1
         if not body.get("stream"):

@@ -121,6 +121,8 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
                      "splitter": "the framework's own splitter, called instead"},
               doc="split documents into chunks"),
         _spec(Op.EMBED, {"texts": T.TEXTS}, {"vectors": T.VECTORS}, "embedder",
+              attrs={"embed_text": "a framework model's own embedding of one text, called per text instead of "
+                                   "the engine's batch (a served model: its requests go through the engine)"},
               batchable=True, splittable=True, split_inputs=("texts",), split_outputs=("vectors",),
               doc="embed each text"),
         _spec(Op.VECTOR_INSERT, {"index": T.INDEX, "vectors": T.VECTORS, "docs": T.DOCS},

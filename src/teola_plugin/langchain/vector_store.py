@@ -40,7 +40,8 @@ class FrameworkVectorStoreEngine(Engine):
 
     def _search(self, vectors: Any, how: StoreSearch) -> list[list[Any]]:
         search = getattr(self.store, how.method)
-        return [search(np.asarray(v, dtype=np.float32).tolist(), **how.kwargs) for v in vectors]
+        # as the embedding model returned it: an engine's float32 row, or a model's own floats
+        return [search(np.asarray(v).tolist(), **how.kwargs) for v in vectors]
 
     async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         """Requests ``{"index", "vectors", "k", "store_search"?}`` -> one document list per

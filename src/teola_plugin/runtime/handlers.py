@@ -9,6 +9,7 @@ runtime computes exactly what the reference interpreter computes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -80,6 +81,12 @@ class PrimitiveHandlers:
         texts = list(inputs["texts"])
         if not texts:
             return {"vectors": []}
+        embed_text = prim.attrs.get("embed_text")
+        if embed_text is not None:
+            # A served embedding model's own code, one call per text as its embed_query makes
+            # them (concurrently); its requests reach the server through the served engine.
+            # Its vectors are returned as it returns them.
+            return {"vectors": list(await asyncio.gather(*(in_framework_thread(embed_text, t) for t in texts)))}
         vectors = await ctx.submit("embed", {"texts": texts})
         return {"vectors": list(np.asarray(vectors, dtype=np.float32))}
 

@@ -6,9 +6,10 @@ LangChain ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI``) ends in
 called by the framework's own code with the request it built (tools, structured output,
 streaming, stop, ``extra_body``...); structured output with a schema class
 (``ChatOpenAI.with_structured_output``) ends in ``client.chat.completions.parse``, which
-posts the same body as ``create`` and parses the reply. :func:`install` wraps those six
-methods (sync and async) once. Outside a routing scope (``scope.py``) they run as they are.
-Inside one, the request — the same keyword arguments — is sent by the runtime's served
+posts the same body as ``create`` and parses the reply; embedding models (LangChain
+``OpenAIEmbeddings``, LlamaIndex ``OpenAIEmbedding`` / ``OpenAILikeEmbedding``) end in
+``client.embeddings.create``. :func:`install` wraps those eight methods (sync and async)
+once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the request — the same keyword arguments — is sent by the runtime's served
 engine for the client's server (``OpenAICompatibleEngine.relay``, opened through the engine
 scheduler), and the caller gets what its own client returns: the completion (or the raw
 response ``with_raw_response`` asked for; for ``parse``, the SDK's own parse of the reply),
@@ -48,8 +49,10 @@ def _resources() -> tuple[tuple[type, bool], ...]:
     from openai.resources.chat.completions import AsyncCompletions as AsyncChat
     from openai.resources.chat.completions import Completions as Chat
     from openai.resources.completions import AsyncCompletions, Completions
+    from openai.resources.embeddings import AsyncEmbeddings, Embeddings
 
-    return ((Chat, False), (AsyncChat, True), (Completions, False), (AsyncCompletions, True))
+    return ((Chat, False), (AsyncChat, True), (Completions, False), (AsyncCompletions, True),
+            (Embeddings, False), (AsyncEmbeddings, True))
 
 
 def _route(resource: Any, args: tuple[Any, ...], request: Mapping[str, Any]) -> tuple[ServedCallScope, str] | None:

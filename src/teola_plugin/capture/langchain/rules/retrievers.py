@@ -5,9 +5,13 @@ vector, similarity or MMR with the retriever's ``k`` and ``filter``: exactly wha
 retriever's text search calls after embedding the query), so the documents come back as the
 store returns them. Lowered only where that equivalence is
 known: ``InMemoryVectorStore`` or ``langchain_chroma.Chroma`` (whose ``similarity_search``
-is ``embed_query`` then its search by vector) with embeddings computed by a Teola engine:
-``TeolaEmbeddings``, or ``HuggingFaceEmbeddings`` (langchain-huggingface, or the community
-one) of the embedder engine's model loaded the same way (``capture/embedder_identity.py``).
+is ``embed_query`` then its search by vector). The query embedding is its own primitive:
+an ``embed`` on the embedder engine for ``TeolaEmbeddings`` and ``HuggingFaceEmbeddings``
+(langchain-huggingface, or the community one) of the embedder engine's model loaded the
+same way (``capture/embedder_identity.py``); an ``embed`` on the served engine of its server
+for ``OpenAIEmbeddings`` (``capture/served_embeddings.py``: the model's own ``embed_query``,
+its requests sent by the engine); any other embeddings class runs its own ``embed_query``
+as an opaque step, and the search stays lowered.
 Composite retrievers (multi-query, ensemble, contextual compression) are in
 ``composite_retrievers.py``.
 """
@@ -25,27 +29,48 @@ from ....ir.ops import Op
 from ....runtime.values import StoreSearch
 from ...embedder_identity import huggingface_embeddings_serving, newlines_to_spaces
 from ...lowerable import LowerableEmbedding
+from ...served_embeddings import embedding_endpoint, is_served_embedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
 
 
 @dataclass(frozen=True)
 class EmbeddingCall:
-    """How a store's embeddings run as an ``embed`` primitive: on ``engine``, after the
-    model's own text preparation (``prepare(text) -> text``; None: the text as it is)."""
+    """How a store's query embeddings run: an ``embed`` primitive on ``engine``, after the
+    model's own text preparation (``prepare(text) -> text``; None: the text as it is), or
+    the model's own ``embed_query`` per text (``embed_text``: on a served ``engine``, or with
+    no engine as an opaque step, for ``opaque_because``)."""
 
-    engine: str
+    engine: str | None
     prepare: Callable[[str], str] | None = None
+    embed_text: Callable[[str], list[float]] | None = None
+    model: Any = None
+    opaque_because: str = ""
 
 
 def embedding_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
-    """The engine computing ``embeddings.embed_query``; NotLowerable when none does."""
+    """How ``embeddings.embed_query`` runs in a lowered retriever."""
     if isinstance(embeddings, LowerableEmbedding):
         return EmbeddingCall(embeddings.teola_embedder_engine())
     if is_huggingface_embeddings(embeddings):
-        return huggingface_call(t, embeddings)
-    raise NotLowerable(f"the store's embeddings {type(embeddings).__name__} do not run on a Teola engine "
-                      "(TeolaEmbeddings and HuggingFaceEmbeddings of the embedder's model do)")
+        try:
+            return huggingface_call(t, embeddings)
+        except NotLowerable as why:
+            return own_embedding(embeddings, str(why))
+    if is_served_embedding(embeddings):
+        try:
+            engine = t.planner.served_engine(embedding_endpoint(embeddings))
+        except NotLowerable as why:
+            return own_embedding(embeddings, str(why))
+        return EmbeddingCall(engine, embed_text=embeddings.embed_query, model=embeddings)
+    return own_embedding(embeddings, f"{type(embeddings).__name__} does not run on a Teola engine "
+                                     "(TeolaEmbeddings, HuggingFaceEmbeddings of the embedder's model and "
+                                     "OpenAIEmbeddings of a model server do)")
+
+
+def own_embedding(embeddings: Any, why: str) -> EmbeddingCall:
+    """The model's own ``embed_query``, as an opaque step of the lowered retriever."""
+    return EmbeddingCall(None, embed_text=embeddings.embed_query, model=embeddings, opaque_because=why)
 
 
 def is_huggingface_embeddings(embeddings: Any) -> bool:
@@ -124,14 +149,30 @@ def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding:
 
         queries = t.add(Op.OPAQUE, name="prepare_texts", inputs={"texts": queries}, outputs=["out"],
                         attrs={"fn": prepared, "pure": True}, origin=origin).out("out")
-    embed = t.add(Op.EMBED, name="embed", engine=embedding.engine,
-                  inputs={"texts": queries}, attrs={"est_items": n_queries}, origin=origin)
+    vectors = query_vectors(t, embedding, queries, n_queries, origin)
     how = store_search(retriever)
     search = t.add(Op.VECTOR_SEARCH, name="vector_search", engine=engine,
-                   inputs={"index": index, "vectors": embed.out()},
+                   inputs={"index": index, "vectors": vectors},
                    attrs={"top_k": int(how.kwargs["k"]), "store_search": how, "est_items": n_queries},
                    origin=origin)
     return search.out()
+
+
+def query_vectors(t: LangChainTracer, embedding: EmbeddingCall, queries: Ref, n_queries: int, origin: str) -> Ref:
+    """One vector per query text, as ``embedding`` says they are computed."""
+    if embedding.engine is not None:
+        own = {"embed_text": embedding.embed_text} if embedding.embed_text is not None else {}
+        return t.add(Op.EMBED, name="embed", engine=embedding.engine, inputs={"texts": queries},
+                     attrs={"est_items": n_queries, **own}, origin=origin).out()
+    embed_text = embedding.embed_text
+
+    def embed_queries(texts: list[str]) -> list[list[float]]:
+        return [embed_text(text) for text in texts]  # type: ignore[misc]
+
+    prim = t.add(Op.OPAQUE, name="embed_query", inputs={"texts": queries}, outputs=["vectors"],
+                 attrs={"fn": embed_queries, "pure": True}, origin=component_name(embedding.model))
+    t.note_opaque(embedding.model, prim.name, embedding.opaque_because)
+    return prim.out("vectors")
 
 
 @lowering(VectorStoreRetriever)
