@@ -2,8 +2,9 @@
 
 * ``RetrieverQueryEngine``: retriever -> node postprocessors -> response synthesizer.
 * ``VectorIndexRetriever`` over an embedding-only store (``SimpleVectorStore``,
-  ``ChromaVectorStore``) in the default query mode: ``embed`` (batched on the embedder
-  engine when the model is a TeolaEmbedding) -> query vector -> ``vector_search`` on the
+  ``ChromaVectorStore``, ``FaissVectorStore``, ``QdrantVectorStore``) in the default query
+  mode: ``embed`` (on the embedder engine when it computes the model's vectors, on a served
+  engine for a served model) -> query vector -> ``vector_search`` on the
   user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
   step.
 * Node postprocessors that are plain functions of (nodes, query): the framework's own
@@ -56,8 +57,9 @@ from .llama_index_synthesis import SynthesisPlanner
 from .lowerable import LowerableLLM
 
 # Stores whose query result depends on the query embedding alone in the default mode: the
-# search request carries vectors, not the query string.
-EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore"})
+# search request carries vectors, not the query string (Qdrant reads the query text only in
+# its sparse and hybrid modes; FAISS never).
+EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore", "FaissVectorStore", "QdrantVectorStore"})
 
 
 @lowering_rule(QUERY_ENGINE_RULES, RetrieverQueryEngine)

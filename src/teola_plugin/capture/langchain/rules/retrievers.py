@@ -4,8 +4,8 @@ The store stays the user's object: the plan serves it as an engine (its own sear
 vector, similarity or MMR with the retriever's ``k`` and ``filter``: exactly what the
 retriever's text search calls after embedding the query), so the documents come back as the
 store returns them. Lowered only where that equivalence is
-known: ``InMemoryVectorStore`` or ``langchain_chroma.Chroma`` (whose ``similarity_search``
-is ``embed_query`` then its search by vector). The query embedding is its own primitive:
+known: the stores of ``stores.py`` (``InMemoryVectorStore``, Chroma, FAISS, Qdrant), whose
+``similarity_search`` is ``embed_query`` then its search by vector. The query embedding is its own primitive:
 an ``embed`` on the embedder engine for ``TeolaEmbeddings`` and ``HuggingFaceEmbeddings``
 (langchain-huggingface, or the community one) of the embedder engine's model loaded the
 same way (``capture/embedder_identity.py``); an ``embed`` on the served engine of its server
@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetriever
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStoreRetriever
 
 from ....ir.node import Ref
 from ....ir.ops import Op
@@ -32,6 +33,7 @@ from ...lowerable import LowerableEmbedding
 from ...served_embeddings import embedding_endpoint, is_served_embedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
+from .stores import searchable_store
 
 
 @dataclass(frozen=True)
@@ -93,46 +95,32 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
 
 # search_type -> the store's method by vector that its text search calls after embed_query
 BY_VECTOR = {"similarity": "similarity_search_by_vector", "mmr": "max_marginal_relevance_search_by_vector"}
-# the retriever's search_kwargs that method takes as the text search does, per search type
-SEARCH_KWARGS = {"similarity": {"k", "filter"}, "mmr": {"k", "fetch_k", "lambda_mult", "filter"}}
-CHROMA_KWARGS = {"where_document"}  # Chroma's text searches also pass it on to the by-vector one
 
 
 def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
     """How ``retriever``'s query embedding runs; NotLowerable unless ``retriever`` is a
-    similarity or MMR search we can reproduce."""
+    similarity or MMR search we can reproduce (on a store of ``stores.py``)."""
     if not isinstance(retriever, VectorStoreRetriever):
         raise NotLowerable(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
     if retriever.search_type not in BY_VECTOR:
         raise NotLowerable(f"search_type {retriever.search_type!r} (lowered: {', '.join(map(repr, BY_VECTOR))})")
-    store = retriever.vectorstore
-    if type(store) not in searchable_stores():
-        raise NotLowerable(f"vector store {type(store).__name__} (lowered: InMemoryVectorStore, Chroma)")
-    allowed = SEARCH_KWARGS[retriever.search_type] | (set() if isinstance(store, InMemoryVectorStore) else CHROMA_KWARGS)
+    store = searchable_store(retriever.vectorstore)
+    allowed = store.search_kwargs(retriever.search_type)
     extra = sorted(set(retriever.search_kwargs) - allowed)
     if extra:
         raise NotLowerable(f"search_kwargs {extra} (lowered: {', '.join(sorted(allowed))})")
-    return embedding_call(t, store_embeddings(store))
+    embeddings = store.embeddings(retriever.vectorstore)
+    if embeddings is None:
+        raise NotLowerable(f"{store.class_name} without embeddings (its own embedding of the query text)")
+    if not isinstance(embeddings, Embeddings) and callable(embeddings):  # FAISS built with a function
+        return EmbeddingCall(None, embed_text=embeddings, model=embeddings,
+                             opaque_because="the store embeds queries with a function")
+    return embedding_call(t, embeddings)
 
 
 def store_search(retriever: VectorStoreRetriever) -> StoreSearch:
     """The store's own search by vector, with the retriever's arguments (``k`` 4 by default)."""
     return StoreSearch(BY_VECTOR[retriever.search_type], {"k": 4, **retriever.search_kwargs})
-
-
-def searchable_stores() -> set[type]:
-    """Stores whose text search is exactly ``embed_query`` + ``similarity_search_by_vector``."""
-    stores: set[type] = {InMemoryVectorStore}
-    try:
-        from langchain_chroma import Chroma
-        stores.add(Chroma)
-    except ImportError:  # langchain-chroma is optional
-        pass
-    return stores
-
-
-def store_embeddings(store: Any) -> Any:
-    return store.embedding if isinstance(store, InMemoryVectorStore) else store.embeddings
 
 
 def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding: EmbeddingCall, queries: Ref,

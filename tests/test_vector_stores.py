@@ -1,0 +1,118 @@
+"""The vector stores users run, searched in place: FAISS and Qdrant (local mode), LangChain and
+LlamaIndex, each on its real library (no server mocked).
+
+A lowered retriever embeds the query on the embedder engine and calls the user's own store's
+search by vector with the retriever's arguments (LangChain: similarity with a metadata
+filter, MMR; LlamaIndex: the retriever's own query path), so it must return plain's documents,
+in plain's order, with nothing opaque. Chroma and the in-memory stores are covered by the
+LangChain / LlamaIndex test files.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from langchain_core.documents import Document
+
+from teola_plugin import datasets
+from teola_plugin.engines.embedder import default_model_path
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [q.question for q in datasets.load_questions("squad-xquad-en", limit=40)[::13]]
+PASSAGES = [p.text for p in datasets.load_corpus("squad-xquad-en")[:16]]
+
+
+@pytest.fixture(scope="module")
+def documents():
+    return [Document(page_content=text, metadata={"topic": i % 2, "n": i}) for i, text in enumerate(PASSAGES)]
+
+
+@pytest.fixture(scope="module")
+def hf_embeddings():
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    return HuggingFaceEmbeddings(model_name=str(default_model_path()))
+
+
+def langchain_store(kind: str, documents, embeddings):
+    if kind == "faiss":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # langchain-community's sunset notice
+            from langchain_community.vectorstores import FAISS
+        return FAISS.from_documents(documents, embeddings), {"topic": 0}
+    from langchain_qdrant import QdrantVectorStore
+    from qdrant_client import models
+
+    store = QdrantVectorStore.from_documents(documents, embeddings, location=":memory:", collection_name="squad")
+    topic0 = models.Filter(must=[models.FieldCondition(key="metadata.topic", match=models.MatchValue(value=0))])
+    return store, topic0
+
+
+@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
+def test_langchain_faiss_and_qdrant_are_searched_in_place(kind, documents, hf_embeddings, runtime):
+    from teola_plugin.langchain import TeolaRunnable
+
+    store, topic0 = langchain_store(kind, documents, hf_embeddings)
+    for search in ({"search_kwargs": {"k": 3}},
+                   {"search_kwargs": {"k": 3, "filter": topic0}},
+                   {"search_type": "mmr", "search_kwargs": {"k": 2, "fetch_k": 6}}):
+        retriever = store.as_retriever(**search)
+        teola = TeolaRunnable(retriever, runtime=runtime)
+        ops = {p.op.value: p.engine for p in teola.trace(QUESTIONS[0]).nodes}
+        assert ops["embed"] == "embedder" and ops["vector_search"].startswith("langchain_store_"), ops
+        assert teola._plan(QUESTIONS[0]).trace.opaque == []
+        for question in QUESTIONS[:2]:
+            plain = retriever.invoke(question)
+            assert teola.invoke(question) == plain and plain, search
+        if "filter" in search["search_kwargs"]:
+            assert {d.metadata["topic"] for d in plain} == {0}
+
+
+def test_langchain_qdrants_sparse_modes_stay_its_own(documents, hf_embeddings, runtime):
+    from langchain_qdrant import QdrantVectorStore, RetrievalMode
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    store = QdrantVectorStore.from_documents(documents[:2], hf_embeddings, location=":memory:", collection_name="q")
+    store.retrieval_mode = RetrievalMode.HYBRID  # (as if built so: its text search embeds sparse too)
+    (note,) = TeolaRunnable(store.as_retriever(), runtime=runtime)._plan("q").trace.opaque
+    assert "retrieval_mode 'hybrid'" in note.reason
+
+
+def llama_index_store(kind: str):
+    if kind == "faiss":
+        import faiss
+        from llama_index.vector_stores.faiss import FaissVectorStore
+
+        return FaissVectorStore(faiss_index=faiss.IndexFlatL2(384))
+    from llama_index.vector_stores.qdrant import QdrantVectorStore
+    from qdrant_client import QdrantClient
+
+    return QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="squad")
+
+
+@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
+def test_llama_index_faiss_and_qdrant_are_searched_in_place(kind, runtime):
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core import Document as LlamaDocument
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.llama_index import TeolaExecutor
+
+    storage = StorageContext.from_defaults(vector_store=llama_index_store(kind))
+    index = VectorStoreIndex.from_documents([LlamaDocument(text=t, id_=str(i)) for i, t in enumerate(PASSAGES)],
+                                            storage_context=storage,
+                                            embed_model=HuggingFaceEmbedding(model_name=str(default_model_path())))
+    retriever = index.as_retriever(similarity_top_k=3)
+    executor = TeolaExecutor(runtime=runtime)
+    app = executor.traced(retriever)
+    assert app.opaque == [], [str(n) for n in app.opaque]
+    assert {p.op.value for p in app.graph.nodes} >= {"embed", "vector_search"}
+    for question in QUESTIONS[:2]:
+        plain = retriever.retrieve(question)
+        teola = executor.retrieve(retriever, question)
+        assert [n.node.node_id for n in teola] == [n.node.node_id for n in plain] and plain
+        assert [n.node.get_content() for n in teola] == [n.node.get_content() for n in plain]
+        assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-4)
