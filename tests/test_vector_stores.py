@@ -1,15 +1,20 @@
-"""The vector stores users run, searched in place: FAISS and Qdrant (local mode), LangChain and
+"""The vector stores users run, searched in place: FAISS, Qdrant (local mode) and a Chroma
+server (``chroma run``, started here, reached with ``chromadb.HttpClient``), LangChain and
 LlamaIndex, each on its real library (no server mocked).
 
 A lowered retriever embeds the query on the embedder engine and calls the user's own store's
 search by vector with the retriever's arguments (LangChain: similarity with a metadata
 filter, MMR; LlamaIndex: the retriever's own query path), so it must return plain's documents,
-in plain's order, with nothing opaque. Chroma and the in-memory stores are covered by the
-LangChain / LlamaIndex test files.
+in plain's order, with nothing opaque. Chroma in-process and the in-memory stores are covered
+by the LangChain / LlamaIndex test files.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
 import warnings
 
 import pytest
@@ -17,11 +22,39 @@ from langchain_core.documents import Document
 
 from teola_plugin import datasets
 from teola_plugin.engines.embedder import default_model_path
+from tests.fixtures_served import free_port
 
 pytestmark = pytest.mark.slow
 
 QUESTIONS = [q.question for q in datasets.load_questions("squad-xquad-en", limit=40)[::13]]
 PASSAGES = [p.text for p in datasets.load_corpus("squad-xquad-en")[:16]]
+
+
+@pytest.fixture(scope="module")
+def chroma_server(tmp_path_factory):
+    """``chroma run`` on loopback (the CLI chromadb installs); yields an ``HttpClient`` factory."""
+    import chromadb
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("chroma") / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([shutil.which("chroma") or "chroma", "run", "--path", str(log.parent / "db"),
+                                   "--host", "127.0.0.1", "--port", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                chromadb.HttpClient(host="127.0.0.1", port=port).heartbeat()
+                break
+            except Exception:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"chroma run did not start:\n{log.read_text()[-2000:]}") from None
+                time.sleep(0.3)
+        yield lambda: chromadb.HttpClient(host="127.0.0.1", port=port)
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +69,13 @@ def hf_embeddings():
     return HuggingFaceEmbeddings(model_name=str(default_model_path()))
 
 
-def langchain_store(kind: str, documents, embeddings):
+def langchain_store(kind: str, documents, embeddings, chroma_server):
+    if kind == "chroma-server":
+        from langchain_chroma import Chroma
+
+        store = Chroma(client=chroma_server(), collection_name="squad_langchain", embedding_function=embeddings)
+        store.add_documents(documents)
+        return store, {"topic": 0}
     if kind == "faiss":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # langchain-community's sunset notice
@@ -50,11 +89,12 @@ def langchain_store(kind: str, documents, embeddings):
     return store, topic0
 
 
-@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
-def test_langchain_faiss_and_qdrant_are_searched_in_place(kind, documents, hf_embeddings, runtime):
+@pytest.mark.parametrize("kind", ["faiss", "qdrant", "chroma-server"])
+def test_langchain_faiss_qdrant_and_a_chroma_server_are_searched_in_place(kind, documents, hf_embeddings, runtime,
+                                                                          chroma_server):
     from teola_plugin.langchain import TeolaRunnable
 
-    store, topic0 = langchain_store(kind, documents, hf_embeddings)
+    store, topic0 = langchain_store(kind, documents, hf_embeddings, chroma_server)
     for search in ({"search_kwargs": {"k": 3}},
                    {"search_kwargs": {"k": 3, "filter": topic0}},
                    {"search_type": "mmr", "search_kwargs": {"k": 2, "fetch_k": 6}}):
@@ -81,7 +121,11 @@ def test_langchain_qdrants_sparse_modes_stay_its_own(documents, hf_embeddings, r
     assert "retrieval_mode 'hybrid'" in note.reason
 
 
-def llama_index_store(kind: str):
+def llama_index_store(kind: str, chroma_server):
+    if kind == "chroma-server":
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        return ChromaVectorStore(chroma_collection=chroma_server().get_or_create_collection("squad_llama_index"))
     if kind == "faiss":
         import faiss
         from llama_index.vector_stores.faiss import FaissVectorStore
@@ -93,15 +137,15 @@ def llama_index_store(kind: str):
     return QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="squad")
 
 
-@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
-def test_llama_index_faiss_and_qdrant_are_searched_in_place(kind, runtime):
+@pytest.mark.parametrize("kind", ["faiss", "qdrant", "chroma-server"])
+def test_llama_index_faiss_qdrant_and_a_chroma_server_are_searched_in_place(kind, runtime, chroma_server):
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.core import Document as LlamaDocument
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
     from teola_plugin.llama_index import TeolaExecutor
 
-    storage = StorageContext.from_defaults(vector_store=llama_index_store(kind))
+    storage = StorageContext.from_defaults(vector_store=llama_index_store(kind, chroma_server))
     index = VectorStoreIndex.from_documents([LlamaDocument(text=t, id_=str(i)) for i, t in enumerate(PASSAGES)],
                                             storage_context=storage,
                                             embed_model=HuggingFaceEmbedding(model_name=str(default_model_path())))
