@@ -1,6 +1,7 @@
-"""The vector stores users run, searched in place: FAISS, Qdrant (local mode) and a Chroma
-server (``chroma run``, started here, reached with ``chromadb.HttpClient``), LangChain and
-LlamaIndex, each on its real library (no server mocked).
+"""The vector stores users run, searched in place: FAISS, Qdrant (local mode), Milvus Lite (the
+store vLLM's LangChain RAG example uses) and a Chroma server (``chroma run``, started here,
+reached with ``chromadb.HttpClient``), LangChain and LlamaIndex (Milvus: LangChain only, see
+``capture/llama_index_rules.py``), each on its real library (no server mocked).
 
 A lowered retriever embeds the query on the embedder engine and calls the user's own store's
 search by vector with the retriever's arguments (LangChain: similarity with a metadata
@@ -69,7 +70,13 @@ def hf_embeddings():
     return HuggingFaceEmbeddings(model_name=str(default_model_path()))
 
 
-def langchain_store(kind: str, documents, embeddings, chroma_server):
+def langchain_store(kind: str, documents, embeddings, chroma_server, tmp_path):
+    if kind == "milvus-lite":
+        from langchain_milvus import Milvus
+
+        store = Milvus.from_documents(documents, embeddings, connection_args={"uri": str(tmp_path / "milvus.db")},
+                                      collection_name="squad")
+        return store, "topic == 0"
     if kind == "chroma-server":
         from langchain_chroma import Chroma
 
@@ -89,14 +96,15 @@ def langchain_store(kind: str, documents, embeddings, chroma_server):
     return store, topic0
 
 
-@pytest.mark.parametrize("kind", ["faiss", "qdrant", "chroma-server"])
-def test_langchain_faiss_qdrant_and_a_chroma_server_are_searched_in_place(kind, documents, hf_embeddings, runtime,
-                                                                          chroma_server):
+@pytest.mark.parametrize("kind", ["faiss", "qdrant", "milvus-lite", "chroma-server"])
+def test_langchain_stores_users_run_are_searched_in_place(kind, documents, hf_embeddings, runtime, chroma_server,
+                                                           tmp_path):
     from teola_plugin.langchain import TeolaRunnable
 
-    store, topic0 = langchain_store(kind, documents, hf_embeddings, chroma_server)
+    store, topic0 = langchain_store(kind, documents, hf_embeddings, chroma_server, tmp_path)
+    by_topic = "expr" if kind == "milvus-lite" else "filter"  # Milvus filters with a boolean expression
     for search in ({"search_kwargs": {"k": 3}},
-                   {"search_kwargs": {"k": 3, "filter": topic0}},
+                   {"search_kwargs": {"k": 3, by_topic: topic0}},
                    {"search_type": "mmr", "search_kwargs": {"k": 2, "fetch_k": 6}}):
         retriever = store.as_retriever(**search)
         teola = TeolaRunnable(retriever, runtime=runtime)
@@ -106,7 +114,7 @@ def test_langchain_faiss_qdrant_and_a_chroma_server_are_searched_in_place(kind, 
         for question in QUESTIONS[:2]:
             plain = retriever.invoke(question)
             assert teola.invoke(question) == plain and plain, search
-        if "filter" in search["search_kwargs"]:
+        if by_topic in search["search_kwargs"]:
             assert {d.metadata["topic"] for d in plain} == {0}
 
 
@@ -138,7 +146,7 @@ def llama_index_store(kind: str, chroma_server):
 
 
 @pytest.mark.parametrize("kind", ["faiss", "qdrant", "chroma-server"])
-def test_llama_index_faiss_qdrant_and_a_chroma_server_are_searched_in_place(kind, runtime, chroma_server):
+def test_llama_index_stores_users_run_are_searched_in_place(kind, runtime, chroma_server):
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.core import Document as LlamaDocument
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding

@@ -58,7 +58,8 @@ from .lowerable import LowerableLLM
 
 # Stores whose query result depends on the query embedding alone in the default mode: the
 # search request carries vectors, not the query string (Qdrant reads the query text only in
-# its sparse and hybrid modes; FAISS never).
+# its sparse and hybrid modes; FAISS never). Not MilvusVectorStore: its package needs
+# pymilvus < 3 and langchain-milvus >= 0.4 needs >= 3, so it is neither installed nor tested here.
 EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore", "FaissVectorStore", "QdrantVectorStore"})
 
 

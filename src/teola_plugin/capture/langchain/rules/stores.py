@@ -9,7 +9,9 @@ returns the store's documents. Checked in each class's source:
   ``where_document`` on), ``FAISS`` (langchain-community; its ``_embed_query`` calls the
   embeddings' ``embed_query``, or the function it was built with; ``fetch_k`` and
   ``score_threshold`` passed on), ``QdrantVectorStore`` (langchain-qdrant, dense retrieval
-  mode: the sparse and hybrid modes embed the query with a sparse model too).
+  mode: the sparse and hybrid modes embed the query with a sparse model too), ``Milvus``
+  (langchain-milvus, Milvus Lite or a server; one vector field with one embedding model and
+  no built-in function: otherwise it searches several fields or embeds the text itself).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ _QDRANT_OPTIONS = frozenset({"search_params", "score_threshold", "consistency"})
 def _qdrant_dense(store: Any) -> str:
     mode = getattr(store.retrieval_mode, "value", store.retrieval_mode)
     return "" if mode == "dense" else f"retrieval_mode {mode!r} (lowered: dense)"
+
+
+def _milvus_single_vector(store: Any) -> str:
+    if store._is_multi_vector or store._as_list(store.builtin_func) or len(store._as_list(store.embedding_func)) != 1:
+        return "several vector fields or a built-in function (its search is not one embedding's)"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,9 @@ STORES = (
                     {"similarity": frozenset({"fetch_k", "score_threshold"})}),
     SearchableStore("langchain_qdrant:QdrantVectorStore", lambda store: store.embeddings,
                     {"similarity": _QDRANT_OPTIONS | {"offset"}, "mmr": _QDRANT_OPTIONS}, _qdrant_dense),
+    SearchableStore("langchain_milvus:Milvus", lambda store: store.embeddings,
+                    {"similarity": frozenset({"param", "expr", "timeout"}), "mmr": frozenset({"param", "expr", "timeout"})},
+                    _milvus_single_vector),
 )
 
 
