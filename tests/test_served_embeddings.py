@@ -69,12 +69,16 @@ def relayed(runtime: Runtime, engine: str) -> int:
     return runtime.local_engines()[engine].describe()["relayed"]
 
 
-def test_langchain_rag_with_served_embeddings_is_lowered_and_sends_plains_requests(
-        embedding_proxy, recording_proxy, served_runtime, passages):
+def test_vllms_langchain_rag_example_is_lowered_and_sends_plains_requests(
+        embedding_proxy, recording_proxy, served_runtime, passages, tmp_path):
+    """vLLM's ``retrieval_augmented_generation_with_langchain.py``: Milvus (Lite) filled through
+    ``OpenAIEmbeddings`` on an embedding server, an LCEL chain with ``ChatOpenAI``."""
+    from langchain_milvus import Milvus
     from langchain_openai import ChatOpenAI
 
     embedding_proxy.replay = True
-    store = InMemoryVectorStore.from_texts(passages, openai_embeddings(embedding_proxy.base_url))
+    store = Milvus.from_texts(passages, openai_embeddings(embedding_proxy.base_url),
+                              connection_args={"uri": str(tmp_path / "milvus.db")}, collection_name="rag")
     retriever = store.as_retriever(search_kwargs={"k": 2})
     llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
                      max_tokens=24)
