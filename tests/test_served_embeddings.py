@@ -107,7 +107,7 @@ def test_vllms_langchain_rag_example_is_lowered_and_sends_plains_requests(
 
 def test_llama_index_query_engine_with_served_embeddings_is_lowered_and_answers_alike(
         embedding_proxy, recording_proxy, served_runtime, passages):
-    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core import Document, Settings, VectorStoreIndex
     from llama_index.embeddings.openai_like import OpenAILikeEmbedding
     from llama_index.llms.openai_like import OpenAILike
 
@@ -139,6 +139,23 @@ def test_llama_index_query_engine_with_served_embeddings_is_lowered_and_answers_
     assert relayed(served_runtime, embed.engine) >= 2
     teola = asyncio.run(executor.aquery(engine, QUESTIONS[0]))
     assert str(teola) == str(engine.query(QUESTIONS[0]))
+
+    # Ingestion under Settings.executor: LlamaIndex's own batches (embed_batch_size 10), sent by the engine.
+    Settings.executor = executor
+    try:
+        before = relayed(served_runtime, embed.engine)
+        embedding_proxy.take()
+        again = VectorStoreIndex.from_documents([Document(text=t, id_=str(i)) for i, t in enumerate(passages)],
+                                                embed_model=embed_model)
+        assert [len(body["input"]) for _, body in embedding_proxy.take()] == [10, 6]
+        assert relayed(served_runtime, embed.engine) == before + 2
+        def vectors(ix):  # node ids are new per build
+            return sorted(map(tuple, ix.vector_store.data.embedding_dict.values()))
+
+        assert vectors(again) == vectors(index)
+        assert "its own batched requests, sent by the served engine" in executor.explain(again.as_retriever())
+    finally:
+        Settings.executor = None
 
 
 def test_a_langgraph_nodes_served_embeddings_are_sent_by_the_engine(embedding_proxy, served_runtime, passages):

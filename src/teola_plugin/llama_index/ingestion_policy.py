@@ -42,8 +42,13 @@ def ingestion_path(index: Any, defer: bool, served: bool) -> IngestionPath:
     """The path for ``index`` given the executor's ``defer_ingestion`` and whether an engine
     serves its embed model. Exact types only: a subclass may write elsewhere as it adds."""
     if not served:
-        return IngestionPath(False, f"no Teola engine serves {type(index._embed_model).__name__}: "
-                                    "LlamaIndex's own embedding code runs")
+        from ..capture.served_embeddings import is_served_embedding
+
+        model = type(index._embed_model).__name__
+        if is_served_embedding(index._embed_model):  # its batches are its own requests: not re-cut per node
+            return IngestionPath(False, f"{model} embeds the nodes with its own batched requests, "
+                                        "sent by the served engine of its server")
+        return IngestionPath(False, f"no Teola engine serves {model}: LlamaIndex's own embedding code runs")
     if not defer:
         return IngestionPath(False, "defer_ingestion=False")
     vector, docs, structs = _private_memory_types()
