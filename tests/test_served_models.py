@@ -103,6 +103,29 @@ def test_openai_like_fusion_and_llm_rerank_are_lowered(recording_proxy, squad_in
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
 
 
+def test_hyde_transform_query_engine_is_lowered_and_answers_alike(recording_proxy, squad_index, executor):
+    """LlamaIndex's HyDE pattern: ``TransformQueryEngine(engine, HyDEQueryTransform(llm))``. The
+    hypothetical document is one lowered call; the inner engine searches with its embedding and
+    the query's (one embed of both strings) and answers the original question."""
+    from llama_index.core.indices.query.query_transform import HyDEQueryTransform
+    from llama_index.core.query_engine import TransformQueryEngine
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+    engine = TransformQueryEngine(squad_index.as_query_engine(llm=llm, similarity_top_k=2), HyDEQueryTransform(llm=llm))
+    app = executor.traced(engine)
+    assert app.opaque == [], [str(n) for n in app.opaque]
+    assert {n.node for n in app.notes if n.kind == "expands"} >= {"hyde", "transformed_query"}
+    recording_proxy.replay = True  # plain's document for Teola's identical request: the same search
+    recording_proxy.take()
+    for question in QUESTIONS[:2]:
+        plain = engine.query(question)
+        sent_plain = recording_proxy.take()
+        teola = executor.query(engine, question)
+        assert len(sent_plain) == 2 and bodies(recording_proxy.take()) == bodies(sent_plain)
+        assert str(teola) == str(plain) and str(plain)
+        assert [n.node.node_id for n in teola.source_nodes] == [n.node.node_id for n in plain.source_nodes]
+
+
 def test_chat_openai_chain_returns_invokes_message(recording_proxy, runtime):
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate

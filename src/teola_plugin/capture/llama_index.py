@@ -392,4 +392,5 @@ def _register_builtin_rules() -> None:
         llama_index_router,
         llama_index_rules,
         llama_index_sub_question,
+        llama_index_transform,
     )
