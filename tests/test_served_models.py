@@ -248,6 +248,47 @@ def test_a_failed_or_cut_off_reply_and_a_restarted_server_behave_as_plain(fault,
     assert str(executor.query(engine, QUESTIONS[1])) == str(engine.query(QUESTIONS[1]))
 
 
+def test_a_failed_lowered_call_reports_on_llm_error_as_plain(recording_proxy, runtime):
+    """Callbacks of a lowered call that fails: ``on_chat_model_start``, then ``on_llm_error``
+    with the model's own exception and its HTTP status in the generation, as plain reports."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    class Heard(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.events: list = []
+
+        def on_chat_model_start(self, serialized, messages, **kwargs) -> None:
+            self.events.append(("start", messages[0][-1].content))
+
+        def on_llm_end(self, response, **kwargs) -> None:
+            self.events.append(("end", response.generations[0][0].text))
+
+        def on_llm_error(self, error, **kwargs) -> None:
+            (generation,) = kwargs["response"].generations[0]
+            self.events.append(("error", type(error).__name__, generation.message.response_metadata["status_code"]))
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", max_tokens=8,
+                       temperature=0, max_retries=0)
+    chain = ChatPromptTemplate.from_template("Answer briefly: {q}") | model | StrOutputParser()
+    teola = TeolaRunnable(chain, runtime=runtime)
+    assert teola._plan({"q": "x"}).trace.opaque == []
+    heard = []
+    for run in (chain.invoke, teola.invoke):
+        handler = Heard()
+        recording_proxy.fault = "500"
+        with pytest.raises(openai.InternalServerError):
+            run({"q": QUESTIONS[0]}, config={"callbacks": [handler]})
+        run({"q": QUESTIONS[0]}, config={"callbacks": [handler]})  # and the next call ends as plain's
+        heard.append(handler.events)
+    assert heard[1] == heard[0] and [e[0] for e in heard[0]] == ["start", "error", "start", "end"], heard
+    assert heard[0][1][2] == 500  # LangChain's own error type (its translation of the SDK's), the server's status
+
+
 def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(model_server):
     """Prefill splitting's request: the prompt with one token to generate (a vLLM ``min_tokens``
     the request carries is left out of it, or one token would be a bad request); the full

@@ -24,7 +24,8 @@ def emit_llm_call(add: Add, prompt: Ref, spec: LLMCallSpec, origin: str, est_pro
     """``prompt -> llm_prefill -> llm_decode`` for a call described by ``spec``; returns the
     decode (outputs ``text``, ``items`` with ``parse``, ``response``). ``max_tokens`` goes on
     the prefill, which opens the engine request, and on the decode, whose length it bounds;
-    ``listener`` (a run handle) hears the decode's tokens; ``always_streamed``: the call is
+    ``listener`` (a run handle) hears the decode's tokens and the call's failure (the request
+    is sent after the run started, as the model's own generate reports it); ``always_streamed``: the call is
     sent as the model's streaming request even when nobody reads its tokens (the framework's
     own code streams it)."""
     max_tokens = spec.call_max_tokens
@@ -34,8 +35,9 @@ def emit_llm_call(add: Add, prompt: Ref, spec: LLMCallSpec, origin: str, est_pro
     if streamed and always_streamed:
         streamed["always_streamed"] = True
     prefill_attrs = {**params, "max_tokens": max_tokens, "est_prompt_tokens": est_prompt_tokens, **errors, **streamed}
-    prefill = add(Op.LLM_PREFILL, engine=spec.engine, inputs={"prompt": prompt}, attrs=prefill_attrs,
+    heard = {"listener": listener} if listener is not None else {}
+    prefill = add(Op.LLM_PREFILL, engine=spec.engine, inputs={"prompt": prompt, **heard}, attrs=prefill_attrs,
                   origin=origin)
-    inputs = {"state": prefill.out(), **({"listener": listener} if listener is not None else {})}
+    inputs = {"state": prefill.out(), **heard}
     return add(Op.LLM_DECODE, engine=spec.engine, inputs=inputs,
                attrs={"max_tokens": max_tokens, **decode_attrs, **errors}, origin=origin)

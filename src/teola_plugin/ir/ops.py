@@ -152,8 +152,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               doc="prefill a known prompt prefix into the prefix cache"),
         # `prefix` (optional) waits for the llm_partial_prefill that warmed the prefix cache:
         # a data edge on a SIGNAL, so no pass mistakes it for a removable module-order wait.
-        _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL}, {"state": T.LLM_STATE}, "llm",
-              batchable=True, optional_inputs=("prefix",),
+        # `listener` (optional, as the decode's): the call's failure is reported to it too
+        _spec(Op.LLM_PREFILL, {"prompt": T.PROMPT, "prefix": T.SIGNAL, "listener": T.ANY}, {"state": T.LLM_STATE},
+              "llm", batchable=True, optional_inputs=("prefix", "listener"),
               attrs={**_LLM_REQUEST, "est_prompt_tokens": "prompt tokens (cost model)",
                      "cached_prefix_tokens": "tokens a partial prefill cached (cost model)",
                      "streamed_request": "request overrides when the caller streams (a served model's)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,6 +62,26 @@ def framework_errors(prim: Primitive) -> Iterator[None]:
                 for note in getattr(exc, "__notes__", []):
                     translated.add_note(note)
             raise
+        raise
+
+
+@contextlib.asynccontextmanager
+async def framework_errors_async(prim: Primitive) -> AsyncIterator[None]:
+    """:func:`framework_errors` in an ``async with`` (beside :func:`failure_heard_by`)."""
+    with framework_errors(prim):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def failure_heard_by(listener: Any) -> AsyncIterator[None]:
+    """An LLM call's failure (the model's own exception) reported to its listener's
+    ``failed`` (a framework's callback run: ``on_llm_error``) before it propagates."""
+    try:
+        yield
+    except Exception as exc:
+        failed = getattr(listener, "failed", None)
+        if failed is not None:
+            await failed(exc)
         raise
 
 
@@ -147,7 +167,7 @@ class PrimitiveHandlers:
         streamed = prim.attrs.get("streamed_request")  # what a served model's own streaming call adds
         if streamed and (ctx.streams_to_caller() or prim.attrs.get("always_streamed")):
             params = {**params, **streamed}
-        with framework_errors(prim):
+        async with failure_heard_by(inputs.get("listener")), framework_errors_async(prim):
             opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(opened.info)
         return {"state": LLMState(prim.engine, opened.sid, list(opened.first), opened.finished)}
@@ -178,7 +198,7 @@ class PrimitiveHandlers:
         for delta in state.first:
             on_delta(delta)
         if not state.finished:
-            with framework_errors(prim):
+            async with failure_heard_by(listener), framework_errors_async(prim):
                 async for delta in ctx.resume_stream(state.stream_id):
                     on_delta(delta)
         items = semantics.parse_items(text, parse) if parse else []

@@ -9,8 +9,9 @@ model: its own result, from the server's reply) and passes the text and the repl
 Without callbacks both return at once. When a handler streams (``astream_events``,
 ``astream_log``: where plain's model would stream the call), the call is sent as the model's
 streaming request and each decoded delta reaches ``on_llm_new_token`` as the model reports
-it (the decode's ``listener``: :class:`CallRun`), in order, before ``on_llm_end``.
-``on_llm_error`` is not reported.
+it (the decode's ``listener``: :class:`CallRun`), in order, before ``on_llm_end``. A call
+that fails reports ``on_llm_error`` with the model's own exception instead (the prefill and
+the decode hear it through the same listener; the request is sent once the run started).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import (  # generate's run options, invoke's own merge
-    _format_ls_structured_output, _gen_info_and_msg_metadata)
+    _format_ls_structured_output, _gen_info_and_msg_metadata, _generate_response_from_error)
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
@@ -96,6 +97,13 @@ class CallRun:
         """Every delta reported (before ``on_llm_end``)."""
         if self._last is not None:
             await self._last
+
+    async def failed(self, error: BaseException) -> None:
+        """``on_llm_error`` with the model's own exception, as its generate reports a failed
+        call (a chat model: the error's HTTP response in the generation's metadata)."""
+        await self.reported()
+        generations = [_generate_response_from_error(error)] if self.chat else []
+        await in_framework_thread(self.run.on_llm_error, error, response=LLMResult(generations=generations))
 
 
 def _invoke_message(result: Any, run: Any) -> Any:
