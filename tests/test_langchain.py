@@ -115,7 +115,8 @@ def test_rag_chain_retrieves_prompts_and_answers_like_langchain(chat, retriever,
     assert all(p[0][0]["content"].count("\n\n") >= 3 for p in teola_prompts)  # 2 passages in context
     assert teola == plain
     traced = list(fast.trace(QUESTIONS[0]))
-    assert [p.op.value for p in traced][:4] == ["aggregate", "embed", "vector_search", "aggregate"]
+    # retriever_start (its callback run), the search, retriever_end
+    assert [p.op.value for p in traced][:6] == ["opaque", "aggregate", "embed", "vector_search", "aggregate", "opaque"]
     # The call, and its two reports to LangChain callbacks (llm_start / llm_end).
     assert [p.name for p in traced][-5:] == ["format", "llm_start", "llm_prefill", "llm_decode", "llm_end"]
 

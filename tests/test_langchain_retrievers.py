@@ -106,7 +106,7 @@ def test_chroma_store_is_searched_in_place(runtime, passages):
         for q in QUESTIONS:
             expected = chroma.invoke(q)
             assert fast.invoke(q) == expected and len(expected) == 3
-        assert ops_of(fast, QUESTIONS[0]) == ["aggregate", "embed", "vector_search", "aggregate"]
+        assert ops_of(fast, QUESTIONS[0]) == ["opaque", "aggregate", "embed", "vector_search", "aggregate", "opaque"]
         # the store's own filter and MMR, as its text searches pass them on to its search by vector
         title = passages[0].title
         for search in (store.as_retriever(search_kwargs={"k": 2, "filter": {"title": title}}),
@@ -205,3 +205,39 @@ def test_a_store_built_per_request_is_not_kept_alive_by_the_runtime(runtime, pas
     gc.collect()
     assert store() is None, "the runtime kept the per-request store alive"
     assert name not in runtime.local_engines()
+
+
+def test_a_lowered_retriever_reports_its_run_as_plain(runtime, retriever):
+    """``on_retriever_start`` / ``on_retriever_end`` of a lowered retriever: the name, tags
+    (the caller's, the retriever's and its sequence step's), tracing metadata and documents
+    ``BaseRetriever.invoke`` reports; ``astream_events`` lists the same retriever events."""
+    import asyncio
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Heard(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.runs: list = []
+
+        def on_retriever_start(self, serialized, query, **kwargs) -> None:
+            self.runs.append(("start", query, kwargs["name"], sorted(kwargs["tags"]), kwargs["metadata"]))
+
+        def on_retriever_end(self, documents, **kwargs) -> None:
+            self.runs.append(("end", [d.page_content for d in documents]))
+
+    chain = RunnablePassthrough() | retriever
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert "vector_search" in ops_of(fast, QUESTIONS[0])
+    heard = []
+    for run in (chain.invoke, fast.invoke):
+        handler = Heard()
+        run(QUESTIONS[0], config={"callbacks": [handler], "tags": ["mine"], "metadata": {"user": "u"}})
+        heard.append(handler.runs)
+    assert heard[1] == heard[0] and [r[0] for r in heard[0]] == ["start", "end"], heard
+    assert "seq:step:2" in heard[0][0][3] and heard[0][0][4]["ls_vector_store_provider"]
+
+    async def retriever_events(runnable) -> list:
+        return [(e["event"], e["name"]) async for e in runnable.astream_events(QUESTIONS[0], version="v2")
+                if "retriever" in e["event"]]
+
+    assert asyncio.run(retriever_events(fast)) == asyncio.run(retriever_events(chain)) != []

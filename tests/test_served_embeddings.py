@@ -205,21 +205,32 @@ def test_a_failing_embedding_server_raises_what_plain_raises(failure, embedding_
         assert TeolaRunnable(retriever, runtime=served_runtime).invoke(QUESTIONS[0]) == retriever.invoke(QUESTIONS[0])
 
 
-def test_an_embeddings_class_without_an_engine_keeps_the_search_lowered(served_runtime, passages):
+def test_an_embeddings_class_without_an_engine_keeps_the_search_lowered(recording_proxy, served_runtime, passages):
     """Any other embeddings class (here HuggingFaceEmbeddings computing other vectors than the
-    embedder engine: not normalized) runs its own ``embed_query`` as an opaque step; the
-    search on the user's store stays a lowered primitive, with plain's documents."""
+    embedder engine: not normalized) runs its own ``embed_query`` as an opaque step; in a chain
+    that runs as a graph (its model is lowered) the search on the user's store stays a lowered
+    primitive, with plain's documents. A retriever alone gains nothing: it runs as it is."""
     from langchain_huggingface import HuggingFaceEmbeddings
+    from langchain_openai import ChatOpenAI
 
     from teola_plugin.engines.embedder import default_model_path
 
     embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()),
                                        encode_kwargs={"normalize_embeddings": False})
-    retriever = InMemoryVectorStore.from_texts(passages, embeddings).as_retriever(search_kwargs={"k": 3})
-    teola = TeolaRunnable(retriever, runtime=served_runtime)
-    ops = [p.op.value for p in teola.trace(QUESTIONS[0]).nodes]
-    assert "vector_search" in ops and "embed" not in ops
-    (note,) = teola._plan(QUESTIONS[0]).trace.opaque
-    assert note.component == "HuggingFaceEmbeddings" and note.node.startswith("embed_query")
+    retriever = InMemoryVectorStore.from_texts(passages, embeddings).as_retriever(search_kwargs={"k": 2})
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=16)
+    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
+
+    def format_docs(docs):
+        return "\n\n".join(d.page_content for d in docs)
+
+    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
+    teola = TeolaRunnable(chain, runtime=served_runtime)
+    plan = teola._plan(QUESTIONS[0])
+    ops = [p.op.value for p in plan.graph.nodes]
+    assert plan.uses_engines and "vector_search" in ops and "embed" not in ops
+    assert sorted(n.component for n in plan.trace.opaque) == ["HuggingFaceEmbeddings", "format_docs"]
     for question in QUESTIONS[:2]:
-        assert teola.invoke(question) == retriever.invoke(question)
+        assert teola.invoke(question) == chain.invoke(question)
+    assert not TeolaRunnable(retriever, runtime=served_runtime)._plan(QUESTIONS[0]).uses_engines

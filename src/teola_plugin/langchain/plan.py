@@ -32,10 +32,11 @@ class ExecutionPlan:
     trace: LangChainTrace
     graph: PGraph  # optimized
     uses_engines: bool = True
-    """Whether a run puts work on an engine (a lowered model, embedding, search, or a
+    """Whether a run puts work on an engine (a lowered model, embedding, or a
     ``RunnableBranch`` / ``.map()`` into a sub-chain that has one). A chain that does not
     gains nothing from the graph run: ``TeolaRunnable`` runs it as it is (its model-server
-    calls still go through the served engines)."""
+    calls still go through the served engines). A search of the user's own store alone does
+    not count: with its query embedding the model's own step, it is the store's own call."""
 
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
@@ -44,7 +45,7 @@ class ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
         cost = cost_model or (runtime.cost_model() if runtime is not None else None)
         return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost),
-                   _uses_engines(trace.graph, sub_plans))
+                   _uses_engines(trace.graph, sub_plans, {engine for engine, _ in trace.stores.values()}))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
         return self.trace.feed(input)
@@ -85,9 +86,9 @@ class ExecutionPlan:
         return "\n".join(lines) + "\n"
 
 
-def _uses_engines(graph: PGraph, sub_plans: SubPlans | None) -> bool:
+def _uses_engines(graph: PGraph, sub_plans: SubPlans | None, store_engines: set[str]) -> bool:
     for prim in graph.nodes:
-        if prim.kind != "cpu":
+        if prim.kind != "cpu" and prim.engine not in store_engines:
             return True
         if any(sub_plans is None or sub_plans.uses_engines(r) for r in prim.attrs.get("expands_into", ())):
             return True

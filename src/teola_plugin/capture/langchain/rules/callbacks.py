@@ -12,6 +12,8 @@ streaming request and each decoded delta reaches ``on_llm_new_token`` as the mod
 it (the decode's ``listener``: :class:`CallRun`), in order, before ``on_llm_end``. A call
 that fails reports ``on_llm_error`` with the model's own exception instead (the prefill and
 the decode hear it through the same listener; the request is sent once the run started).
+A lowered retriever reports its run the same way (``retriever_reporters``: start with the
+query, end with the documents).
 """
 
 from __future__ import annotations
@@ -173,3 +175,28 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
         return {"text": text, "message": message}
 
     return report_start, report_end
+
+
+def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callable, Callable]:
+    """``(report_start(query) -> run | None, report_end(run, documents) -> documents)``: what
+    ``BaseRetriever.invoke`` reports around a lowered retriever's search (``on_retriever_start``
+    with its name, tags, metadata and tracing params; ``on_retriever_end`` with the documents)."""
+
+    async def report_start(query: str) -> Any:
+        config = ensure_config()
+        metadata = {**(config.get("metadata") or {}), **retriever._get_ls_params()}
+        manager = with_step_tag(CallbackManager.configure(
+            config.get("callbacks"), None, verbose=False, inheritable_tags=config.get("tags"),
+            local_tags=retriever.tags, inheritable_metadata=metadata, local_metadata=retriever.metadata), step)
+        if not manager.handlers:
+            return None
+        name = config.get("run_name") or retriever.get_name()
+        return await in_framework_thread(manager.on_retriever_start, None, query, name=name)
+
+    async def report_end(run: Any, documents: list[Any]) -> list[Any]:
+        if run is not None:
+            await in_framework_thread(run.on_retriever_end, documents)
+        return documents
+
+    return report_start, report_end
+

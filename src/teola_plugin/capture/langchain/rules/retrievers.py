@@ -33,6 +33,7 @@ from ...lowerable import LowerableEmbedding
 from ...served_embeddings import embedding_endpoint, is_served_embedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
+from .callbacks import retriever_reporters
 from .stores import searchable_store
 
 
@@ -168,8 +169,13 @@ def lower_vector_retriever(t: LangChainTracer, retriever: VectorStoreRetriever, 
     embedding = check_vector_retriever(t, retriever)
     origin = component_name(retriever)
     query = t.materialise(value)
+    report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
+    started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("retriever_start"), inputs={"query": query},
+                          outputs=["run"], attrs={"fn": report_start}, origin=origin)
     batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
     lists = search_lists(t, retriever, embedding, batch.out(), 1)
     pick = t.add(Op.AGGREGATE, name="documents", inputs={"in0": lists},
                  attrs={"mode": "pick", "index": 0}, origin=origin)
-    return Traced(pick.out(), Kind.DOCUMENTS)
+    ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": pick.out()},
+                  attrs={"fn": report_end}, origin=origin)
+    return Traced(ended.out(), Kind.DOCUMENTS)
