@@ -142,3 +142,20 @@ def embedding_proxy(embedding_server):
     proxy = RecordingProxy(f"http://127.0.0.1:{embedding_server.port}").start()
     yield proxy
     proxy.stop()
+
+
+def docs_rag_chain(retriever, base_url: str, max_tokens: int = 24):
+    """The RAG chain as LangChain's docs write it: ``{"context": retriever | format_docs,
+    "question": RunnablePassthrough()} | prompt | ChatOpenAI(base_url=...) | StrOutputParser()``."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=base_url, api_key="none", temperature=0, max_tokens=max_tokens)
+    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
+
+    def format_docs(docs):
+        return "\n\n".join(d.page_content for d in docs)
+
+    return {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()

@@ -19,15 +19,12 @@ from typing import TypedDict
 
 import openai
 import pytest
-from langchain_core.output_parsers import StrOutputParser
-from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from teola_plugin import datasets
 from teola_plugin.langchain import TeolaRunnable
 from teola_plugin.runtime.runtime import Runtime
-from tests.fixtures_served import EMBEDDING_NAME, SERVED_NAME, free_port
+from tests.fixtures_served import EMBEDDING_NAME, SERVED_NAME, docs_rag_chain, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -74,20 +71,11 @@ def test_vllms_langchain_rag_example_is_lowered_and_sends_plains_requests(
     """vLLM's ``retrieval_augmented_generation_with_langchain.py``: Milvus (Lite) filled through
     ``OpenAIEmbeddings`` on an embedding server, an LCEL chain with ``ChatOpenAI``."""
     from langchain_milvus import Milvus
-    from langchain_openai import ChatOpenAI
 
     embedding_proxy.replay = True
     store = Milvus.from_texts(passages, openai_embeddings(embedding_proxy.base_url),
                               connection_args={"uri": str(tmp_path / "milvus.db")}, collection_name="rag")
-    retriever = store.as_retriever(search_kwargs={"k": 2})
-    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
-                     max_tokens=24)
-    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
-
-    def format_docs(docs):
-        return "\n\n".join(d.page_content for d in docs)
-
-    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
+    chain = docs_rag_chain(store.as_retriever(search_kwargs={"k": 2}), recording_proxy.base_url)
     teola = TeolaRunnable(chain, runtime=served_runtime)
     (embed,) = embed_nodes(teola.trace(QUESTIONS[0]))
     assert embed.engine.startswith("served:127.0.0.1:") and "embed_text" in embed.attrs
@@ -211,21 +199,13 @@ def test_an_embeddings_class_without_an_engine_keeps_the_search_lowered(recordin
     that runs as a graph (its model is lowered) the search on the user's store stays a lowered
     primitive, with plain's documents. A retriever alone gains nothing: it runs as it is."""
     from langchain_huggingface import HuggingFaceEmbeddings
-    from langchain_openai import ChatOpenAI
 
     from teola_plugin.engines.embedder import default_model_path
 
     embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()),
                                        encode_kwargs={"normalize_embeddings": False})
     retriever = InMemoryVectorStore.from_texts(passages, embeddings).as_retriever(search_kwargs={"k": 2})
-    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
-                     max_tokens=16)
-    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
-
-    def format_docs(docs):
-        return "\n\n".join(d.page_content for d in docs)
-
-    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
+    chain = docs_rag_chain(retriever, recording_proxy.base_url, max_tokens=16)
     teola = TeolaRunnable(chain, runtime=served_runtime)
     plan = teola._plan(QUESTIONS[0])
     ops = [p.op.value for p in plan.graph.nodes]

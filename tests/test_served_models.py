@@ -19,7 +19,7 @@ import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
 
 from teola_plugin import datasets
-from tests.fixtures_served import SERVED_NAME, free_port
+from tests.fixtures_served import SERVED_NAME, docs_rag_chain, free_port
 from tests.test_llama_index import QUESTIONS, executor, plain_settings  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -378,11 +378,7 @@ def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddi
     import warnings
 
     from langchain_classic.retrievers.multi_query import MultiQueryRetriever
-    from langchain_core.output_parsers import StrOutputParser
-    from langchain_core.prompts import ChatPromptTemplate
-    from langchain_core.runnables import RunnablePassthrough
     from langchain_core.vectorstores import InMemoryVectorStore
-    from langchain_openai import ChatOpenAI
 
     from teola_plugin.engines.embedder import default_model_path
     from teola_plugin.langchain import TeolaRunnable
@@ -393,14 +389,8 @@ def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddi
             model_name=str(default_model_path()))
     store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:16]], embeddings)
     retriever = store.as_retriever(search_kwargs={"k": 2})
-    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
-                     max_tokens=24)
-    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
-
-    def format_docs(docs):
-        return "\n\n".join(d.page_content for d in docs)
-
-    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
+    chain = docs_rag_chain(retriever, recording_proxy.base_url)
+    llm = chain.steps[-2]  # its ChatOpenAI
     teola = TeolaRunnable(chain, runtime=runtime)
     graph = teola.trace(QUESTIONS[0])
     assert {p.op.value for p in graph.nodes} >= {"embed", "vector_search", "llm_prefill", "llm_decode"}

@@ -316,7 +316,6 @@ class LlamaIndexTracer:
         vector, and its store raises its own error."""
         from llama_index.core.base.embeddings.base import mean_agg
 
-
         def nothing_to_embed(query: Any) -> None:
             if unembeddable is not None:
                 unembeddable(query)

@@ -25,9 +25,9 @@ def emit_llm_call(add: Add, prompt: Ref, spec: LLMCallSpec, origin: str, est_pro
     decode (outputs ``text``, ``items`` with ``parse``, ``response``). ``max_tokens`` goes on
     the prefill, which opens the engine request, and on the decode, whose length it bounds;
     ``listener`` (a run handle) hears the decode's tokens and the call's failure (the request
-    is sent after the run started, as the model's own generate reports it); ``always_streamed``: the call is
-    sent as the model's streaming request even when nobody reads its tokens (the framework's
-    own code streams it)."""
+    is sent after the run started, as the model's own generate reports it);
+    ``always_streamed``: the call is sent as the model's streaming request even when nobody
+    reads its tokens (the framework's own code streams it)."""
     max_tokens = spec.call_max_tokens
     errors = {"raise_error": spec.raise_error} if spec.raise_error else {}  # the model's own error types
     params = {} if spec.sampling_params is None else {"sampling_params": dict(spec.sampling_params)}

@@ -126,7 +126,8 @@ class OpenAICompatibleEngine(LLMEngine):
         return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed}
 
     # -- requests ----------------------------------------------------------------------------
-    def _body(self, prompt: Any, params: Mapping[str, Any] | None, kinds: frozenset[str] = GENERATION) -> dict[str, Any]:
+    def _body(self, prompt: Any, params: Mapping[str, Any] | None,
+              kinds: frozenset[str] = GENERATION) -> dict[str, Any]:
         if not isinstance(prompt, Mapping) or not (kinds & prompt.keys()):
             raise EngineInputError(
                 f"engine {self.name!r} serves OpenAI-compatible requests: the prompt must be a request body "

@@ -9,9 +9,10 @@ streaming, stop, ``extra_body``...); structured output with a schema class
 posts the same body as ``create`` and parses the reply; embedding models (LangChain
 ``OpenAIEmbeddings``, LlamaIndex ``OpenAIEmbedding`` / ``OpenAILikeEmbedding``) end in
 ``client.embeddings.create``. :func:`install` wraps those eight methods (sync and async)
-once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the request — the same keyword arguments — is sent by the runtime's served
-engine for the client's server (``OpenAICompatibleEngine.relay``, opened through the engine
-scheduler), and the caller gets what its own client returns: the completion (or the raw
+once. Outside a routing scope (``scope.py``) they run as they are. Inside one, the request
+— the same keyword arguments — is sent by the runtime's served engine for the client's
+server (``OpenAICompatibleEngine.relay``, opened through the engine scheduler), and the
+caller gets what its own client returns: the completion (or the raw
 response ``with_raw_response`` asked for; for ``parse``, the SDK's own parse of the reply),
 or for ``stream=True`` a stream of the server's chunks that iterates, closes and works as a
 (async) context manager like the SDK's. So the framework's code, callbacks and events are

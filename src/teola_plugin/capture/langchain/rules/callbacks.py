@@ -199,4 +199,3 @@ def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callab
         return documents
 
     return report_start, report_end
-

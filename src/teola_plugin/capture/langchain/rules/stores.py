@@ -26,6 +26,7 @@ from ..tracer import NotLowerable
 # the retriever's search_kwargs every store's search by vector takes as its text search does
 COMMON_KWARGS = {"similarity": frozenset({"k", "filter"}), "mmr": frozenset({"k", "fetch_k", "lambda_mult", "filter"})}
 _QDRANT_OPTIONS = frozenset({"search_params", "score_threshold", "consistency"})
+_MILVUS_OPTIONS = frozenset({"param", "expr", "timeout"})
 
 
 def _qdrant_dense(store: Any) -> str:
@@ -65,8 +66,7 @@ STORES = (
     SearchableStore("langchain_qdrant:QdrantVectorStore", lambda store: store.embeddings,
                     {"similarity": _QDRANT_OPTIONS | {"offset"}, "mmr": _QDRANT_OPTIONS}, _qdrant_dense),
     SearchableStore("langchain_milvus:Milvus", lambda store: store.embeddings,
-                    {"similarity": frozenset({"param", "expr", "timeout"}), "mmr": frozenset({"param", "expr", "timeout"})},
-                    _milvus_single_vector),
+                    {"similarity": _MILVUS_OPTIONS, "mmr": _MILVUS_OPTIONS}, _milvus_single_vector),
 )
 
 
