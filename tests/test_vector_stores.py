@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from langchain_core.documents import Document
@@ -39,7 +41,9 @@ def chroma_server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("chroma") / "server.log"
     with log.open("w") as out:
-        server = subprocess.Popen([shutil.which("chroma") or "chroma", "run", "--path", str(log.parent / "db"),
+        # the CLI beside this interpreter (a venv's bin is not on PATH under `make test`)
+        cli = Path(sys.executable).with_name("chroma")
+        server = subprocess.Popen([str(cli) if cli.exists() else shutil.which("chroma") or "chroma", "run", "--path", str(log.parent / "db"),
                                    "--host", "127.0.0.1", "--port", str(port)],
                                   stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
     try:
