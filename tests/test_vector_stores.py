@@ -40,12 +40,12 @@ def chroma_server(tmp_path_factory):
 
     port = free_port()
     log = tmp_path_factory.mktemp("chroma") / "server.log"
+    cli = Path(sys.executable).with_name("chroma")  # beside the interpreter: `make test` leaves the venv off PATH
+    command = [str(cli) if cli.exists() else shutil.which("chroma") or "chroma", "run",
+               "--path", str(log.parent / "db"), "--host", "127.0.0.1", "--port", str(port)]
     with log.open("w") as out:
-        # the CLI beside this interpreter (a venv's bin is not on PATH under `make test`)
-        cli = Path(sys.executable).with_name("chroma")
-        server = subprocess.Popen([str(cli) if cli.exists() else shutil.which("chroma") or "chroma", "run", "--path", str(log.parent / "db"),
-                                   "--host", "127.0.0.1", "--port", str(port)],
-                                  stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
     try:
         deadline = time.monotonic() + 60
         while True:
