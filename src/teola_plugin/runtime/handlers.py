@@ -66,18 +66,13 @@ def framework_errors(prim: Primitive) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def framework_errors_async(prim: Primitive) -> AsyncIterator[None]:
-    """:func:`framework_errors` in an ``async with`` (beside :func:`failure_heard_by`)."""
-    with framework_errors(prim):
-        yield
-
-
-@contextlib.asynccontextmanager
-async def failure_heard_by(listener: Any) -> AsyncIterator[None]:
-    """An LLM call's failure (the model's own exception) reported to its listener's
-    ``failed`` (a framework's callback run: ``on_llm_error``) before it propagates."""
+async def llm_call_errors(prim: Primitive, listener: Any = None) -> AsyncIterator[None]:
+    """An LLM call's engine error raised as the model raises it (:func:`framework_errors`),
+    and that exception reported to the call's listener's ``failed`` (a framework's callback
+    run: ``on_llm_error``) before it propagates."""
     try:
-        yield
+        with framework_errors(prim):
+            yield
     except Exception as exc:
         failed = getattr(listener, "failed", None)
         if failed is not None:
@@ -167,7 +162,7 @@ class PrimitiveHandlers:
         streamed = prim.attrs.get("streamed_request")  # what a served model's own streaming call adds
         if streamed and (ctx.streams_to_caller() or prim.attrs.get("always_streamed")):
             params = {**params, **streamed}
-        async with failure_heard_by(inputs.get("listener")), framework_errors_async(prim):
+        async with llm_call_errors(prim, inputs.get("listener")):
             opened = await ctx.open_stream("stream", {"prompt": inputs["prompt"], "params": params})
         ctx.record_batch(opened.info)
         return {"state": LLMState(prim.engine, opened.sid, list(opened.first), opened.finished)}
@@ -198,7 +193,7 @@ class PrimitiveHandlers:
         for delta in state.first:
             on_delta(delta)
         if not state.finished:
-            async with failure_heard_by(listener), framework_errors_async(prim):
+            async with llm_call_errors(prim, listener):
                 async for delta in ctx.resume_stream(state.stream_id):
                     on_delta(delta)
         items = semantics.parse_items(text, parse) if parse else []
