@@ -75,9 +75,39 @@ def measure(hosting: str) -> dict:
 
         rt.run_sync(burst(64))
         res["burst_64_batch_sizes"] = dict(sorted(rt.timeline.batch_sizes("embedder").items()))
+        if hosting == "ray":
+            res["ray_round_trip_ms"] = ray_round_trip_ms()
     finally:
         rt.shutdown()
     return res
+
+
+def ray_round_trip_ms(n: int = 300) -> float:
+    """The floor under any per-primitive cost through Ray: one bare async actor call awaited
+    from a loop (no Teola code), median per call over ``n`` calls on the same Ray node."""
+    import ray
+
+    @ray.remote
+    class Echo:
+        async def echo(self, x):
+            return x
+
+    actor = Echo.options(max_concurrency=1000).remote()
+
+    async def calls() -> float:
+        for _ in range(20):  # warm
+            await actor.echo.remote({"texts": ["x"]})
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await actor.echo.remote({"texts": ["x"]})
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    try:
+        return round(asyncio.run(calls()) * 1e3, 3)
+    finally:
+        ray.kill(actor)
 
 
 def main() -> int:

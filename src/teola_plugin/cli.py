@@ -40,7 +40,8 @@ def _bench(args: argparse.Namespace) -> int:
                     ("--quick", args.quick), ("--apps", args.apps), ("--questions", args.questions),
                     ("--systems", args.systems), ("--no-ablations", args.no_ablations),
                     ("--no-poisson", args.no_poisson), ("--no-bound", args.no_bound),
-                    ("--poisson-queries", args.poisson_queries), ("--max-tokens", args.max_tokens),
+                    ("--poisson-queries", args.poisson_queries), ("--poisson-apps", args.poisson_apps),
+                    ("--poisson-rates", args.poisson_rates), ("--max-tokens", args.max_tokens),
                     ("--seed", args.seed), ("--out", args.out), ("--page", args.page), ("--fresh", args.fresh))
                     if value not in (None, False)]
                 if given:
@@ -52,13 +53,14 @@ def _bench(args: argparse.Namespace) -> int:
                 out, page = Path(checkpoint.data.get("out", out)), Path(checkpoint.data.get("page", page))
             else:
                 overrides: dict = {"command": "teola " + shlex.join(args.argv)}
-                if args.apps:
-                    unknown = sorted(set(args.apps) - set(APPS))
+                if args.apps or args.poisson_apps:
+                    unknown = sorted((set(args.apps or ()) | set(args.poisson_apps or ())) - set(APPS))
                     if unknown:
                         print(f"teola bench: unknown apps {unknown}; choose from {sorted(APPS)}", file=sys.stderr)
                         return 2
+                if args.apps:
                     overrides["apps"] = args.apps
-                for key in ("questions", "poisson_queries", "max_tokens", "seed"):
+                for key in ("questions", "poisson_queries", "poisson_apps", "poisson_rates", "max_tokens", "seed"):
                     if getattr(args, key) is not None:
                         overrides[key] = getattr(args, key)
                 if args.systems:
@@ -115,6 +117,28 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from .sim import report
+    from .sim.hardware import DEFAULT_DEPLOYMENTS
+
+    sim = report.run(Path(args.results), Path(args.profile), args.deploy or DEFAULT_DEPLOYMENTS,
+                     "teola " + shlex.join(args.argv), Path(args.traces) if args.traces else None)
+    report.write(sim, Path(args.out), Path(args.page))
+    for app, systems in sim["calibration"].items():
+        for system, row in systems.items():
+            if system != "poisson":
+                print(f"{app:>16} {system:>17}: predicted {row['predicted_mean_s']:.2f} s, measured "
+                      f"{row['measured_mean_s']:.2f} s ({report._pct(row['error_mean'])})")
+    for name, pred in sim["predictions"].items():
+        speedups = ", ".join(f"{app} {row['speedup']:.2f}x" for app, row in pred["apps"].items())
+        print(f"{name}: {speedups}")
+    print(f"wrote {args.out} and {args.page}")
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import run_checks
 
@@ -160,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-poisson", action="store_true", help="skip the open-loop load runs")
     p.add_argument("--no-bound", action="store_true", help="skip the isolated runs that measure the bound")
     p.add_argument("--poisson-queries", type=int, help="arrivals per rate and system")
+    p.add_argument("--poisson-apps", nargs="+", help="apps with open-loop load runs (default: search_gen, "
+                   "doc_qa_naive, doc_qa_advanced)")
+    p.add_argument("--poisson-rates", type=float, nargs="+",
+                   help="arrival rates, as multiples of plain-concurrent's capacity (default 0.5 1 2 4)")
     p.add_argument("--max-tokens", type=int, help="answer length limit (default 32)")
     p.add_argument("--seed", type=int, help="question sampling and arrival seed (default 0)")
     p.add_argument("--out", help="results.json and PNGs (default docs/benchmarks)")
@@ -185,6 +213,25 @@ def main(argv: list[str] | None = None) -> int:
                         "engines decline)")
     p.add_argument("--out", default="out/graphs", help="where the pictures go (default out/graphs)")
     p.set_defaults(fn=_graph)
+
+    from .sim.hardware import DEFAULT_DEPLOYMENTS
+
+    p = sub.add_parser("simulate", help="simulate the scheduler on a benchmark run's traces: calibration, GPU predictions",
+                       description="Replays the query traces a `teola bench` run recorded (traces.json beside its "
+                                   "results.json) through a discrete-event model of the graph and engine "
+                                   "schedulers: predicted against measured latencies of every system the run "
+                                   "measured, and predicted speedups on GPU deployments.")
+    p.add_argument("--results", default="docs/benchmarks/calibration/results.json",
+                   help="a teola bench results.json (default docs/benchmarks/calibration/results.json)")
+    p.add_argument("--traces", help="its query traces (default: traces.json beside --results)")
+    p.add_argument("--profile", default="docs/benchmarks/engine_profiles.json",
+                   help="engine profiles of the machine the run was on (default docs/benchmarks/engine_profiles.json)")
+    p.add_argument("--deploy", action="append", metavar="GPU:MODEL[:host]",
+                   help="a deployment to predict (repeatable; :host keeps the embedder and reranker on the host "
+                        "CPU); default: " + ", ".join(DEFAULT_DEPLOYMENTS))
+    p.add_argument("--out", default="docs/benchmarks/simulation.json", help="(default docs/benchmarks/simulation.json)")
+    p.add_argument("--page", default="docs/benchmarks/simulation.md", help="(default docs/benchmarks/simulation.md)")
+    p.set_defaults(fn=_simulate)
 
     p = sub.add_parser("doctor", help="check vLLM, the model, Ray and chromadb; say how to fix what is wrong",
                        description="Checks each part the engines need and prints the fix for what fails "

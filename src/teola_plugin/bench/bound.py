@@ -4,12 +4,13 @@ costing what it took when run alone.
 ``IsolatingHandlers`` wraps every primitive handler of a runtime. Switched on (``measuring``),
 it lets one primitive of a query run at a time and records how long each took, per graph
 run; a dynamic expansion (a sub-graph built at run time, e.g. synthesis) is linked to the
-node that returned it. :func:`query_bound` then computes, per graph run, the longest path
+node that returned it. The run becomes a :class:`~teola_plugin.sim.trace.QueryTrace` (what
+``teola simulate`` replays), and :func:`trace_bound` computes, per graph run, the longest path
 through its graph with those durations (an expanded node costs its own handler time plus
 its sub-graph's critical path) and adds the query's time spent outside any graph (tracing,
 framework code between graphs), which no scheduler can overlap.
 
-With the runtime's cost model, :func:`query_bound` also gives the *hardware-aware* bound:
+With the runtime's cost model, :func:`trace_bound` also gives the *hardware-aware* bound:
 engines of one compute group take turns on the same hardware, so a query cannot finish
 before its busiest group has done its work, even with unlimited overlap. Each primitive's
 isolated duration counts as that group's work, scaled down to the engine's best measured
@@ -32,14 +33,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..ir.analysis import critical_path
-from ..ir.ops import Op
 from ..ir.expansion import Expansion
+from ..ir.ops import Op
+from ..optimizer.cost import CostModel
 from ..runtime.handlers import PrimitiveHandlers
+from ..sim.trace import GraphTrace, QueryTrace, recorded_query
 
 if TYPE_CHECKING:
     from ..ir.node import Primitive
-    from ..optimizer.cost import CostModel
 
 
 @dataclass
@@ -51,6 +52,22 @@ class RunRecord:
     ended: float = 0.0
     durations: dict[str, float] = field(default_factory=dict)
     expansions: dict[str, Any] = field(default_factory=dict)  # node -> child graph
+    tokens: dict[str, int] = field(default_factory=dict)  # decode -> tokens it streamed (deltas)
+
+
+class _TokenCounter:
+    """A decode's node context that counts the token deltas it emits (one per engine step)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self.tokens = 0
+
+    def emit_token(self, text: str) -> None:
+        self.tokens += 1
+        self._ctx.emit_token(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
 
 
 class IsolatingHandlers(PrimitiveHandlers):
@@ -76,11 +93,14 @@ def _isolated(op: str) -> Any:
         run = ctx.run
         lock = self._locks.setdefault(run.query_id, asyncio.Lock())  # child expansions share the query id
         rec = self.runs.setdefault(id(run.graph), RunRecord(run.graph, time.perf_counter()))
+        counted = _TokenCounter(ctx) if op == Op.LLM_DECODE.value else None
         async with lock:
             t0 = time.perf_counter()
-            out = await original(self, prim, inputs, ctx)
+            out = await original(self, prim, inputs, counted or ctx)
             t1 = time.perf_counter()
         rec.durations[prim.name] = rec.durations.get(prim.name, 0.0) + (t1 - t0)  # per item when pipelined
+        if counted is not None:
+            rec.tokens[prim.name] = rec.tokens.get(prim.name, 0) + counted.tokens
         rec.ended = max(rec.ended, t1)
         if isinstance(out, Expansion):
             rec.expansions[prim.name] = out.graph
@@ -95,74 +115,67 @@ for _op in Op:
         setattr(IsolatingHandlers, _op.value, _isolated(_op.value))
 
 
-@dataclass
-class GraphBound:
-    """One measured graph run, expansions included."""
-
-    critical_path_s: float
-    ended: float
-    group_work_s: dict[str, float]  # compute group -> work at the engines' best throughput
-
-
 def batched_work_s(cost_model: CostModel, prim: Primitive, duration_s: float) -> float:
     """``duration_s`` of ``prim`` (measured alone) as the work its compute group must do
     at best: scaled by the best per-item latency of its engine's profile over the per-item
     latency of the call it made, never up. Decode adds none (see the module doc); an
     unprofiled op keeps its duration."""
-    if prim.op is Op.LLM_DECODE:
+    return _group_work_s(cost_model, prim.op.value, prim.engine, prim.kind, cost_model.call_items(prim), duration_s)
+
+
+def _group_work_s(cost_model: CostModel, op: str, engine: str, kind: str, items: float, duration_s: float) -> float:
+    if op == Op.LLM_DECODE.value:
         return 0.0
-    best = cost_model.best_item_latency(prim.engine, prim.op, prim.kind)
+    best = cost_model.best_item_latency(engine, op, kind)
     if best is None:
         return duration_s
-    items = max(1.0, cost_model.call_items(prim))
-    now = cost_model.latency(prim.engine, prim.op, items, prim.kind) / items
+    items = max(1.0, items)
+    now = cost_model.latency(engine, op, items, kind) / items
     if now <= 0.0:
         return duration_s
     return duration_s * min(1.0, best / now)
 
 
-def _graph_bound(rec: RunRecord, by_graph: dict[int, RunRecord], cost_model: CostModel | None) -> GraphBound:
-    cost = dict(rec.durations)
-    ended = rec.ended
+def _graph_bound(graph: GraphTrace, cost_model: CostModel | None) -> tuple[float, Counter[str]]:
+    """(critical path of the graph's isolated durations, each group's work): an expanded
+    node costs its own time plus its sub-graph's critical path, and its sub-graph's work
+    joins the graph's."""
+    finish: dict[str, float] = {}
     groups: Counter[str] = Counter()  # update() adds: a child's work joins its parent's
-    for node, child_graph in rec.expansions.items():
-        child = by_graph.get(id(child_graph))
-        if child is not None:
-            sub = _graph_bound(child, by_graph, cost_model)
-            cost[node] = cost.get(node, 0.0) + sub.critical_path_s
-            ended = max(ended, sub.ended)
-            groups.update(sub.group_work_s)
-    if cost_model is not None:
-        for name, duration in rec.durations.items():
-            if name in rec.graph:
-                prim = rec.graph[name]
-                group = cost_model.compute_group(prim.engine, prim.kind)
-                groups[group] += batched_work_s(cost_model, prim, duration)
-    length, _ = critical_path(rec.graph, lambda p: cost.get(p.name, 0.0))
-    return GraphBound(length, ended, dict(groups))
+    for node in graph.nodes:  # topological order
+        cost = node.measured_s or 0.0
+        if node.expansion is not None:
+            sub_path, sub_groups = _graph_bound(node.expansion, cost_model)
+            cost += sub_path
+            groups.update(sub_groups)
+        finish[node.name] = cost + max((finish[p] for p in node.preds if p in finish), default=0.0)
+        if cost_model is not None and node.measured_s is not None:
+            groups[node.group] += _group_work_s(cost_model, node.op, node.engine, node.kind, node.items,
+                                                node.measured_s)
+    return max(finish.values(), default=0.0), groups
 
 
-def query_bound(handlers: IsolatingHandlers, wall_s: float,
-                cost_model: CostModel | None = None) -> dict[str, Any]:
-    """The bound of the one query measured since the last ``reset``, whose isolated run took
-    ``wall_s``: sum over its top-level graph runs of their critical paths, plus the time the
-    query spent outside them; with ``cost_model``, the hardware-aware bound beside it."""
-    by_graph = {id(r.graph): r for r in handlers.runs.values()}
-    children = {id(g) for r in handlers.runs.values() for g in r.expansions.values()}
-    paths, inside = 0.0, 0.0
-    groups: Counter[str] = Counter()
-    for gid, rec in by_graph.items():
-        if gid in children:
-            continue
-        bound = _graph_bound(rec, by_graph, cost_model)
-        paths += bound.critical_path_s
-        inside += max(0.0, bound.ended - rec.started)
-        groups.update(bound.group_work_s)
-    outside = max(0.0, wall_s - inside)
+def trace_bound(trace: QueryTrace, cost_model: CostModel | None = None) -> dict[str, Any]:
+    """The bound of a recorded query: the sum of its top-level graph runs' critical paths
+    plus its time outside them; with ``cost_model``, the hardware-aware bound beside it."""
+    paths, groups = 0.0, Counter[str]()
+    for graph in trace.graphs:
+        path, work = _graph_bound(graph, cost_model)
+        paths += path
+        groups.update(work)
+    outside = trace.outside_s
     out: dict[str, Any] = {"bound_s": paths + outside, "critical_path_s": paths, "outside_graph_s": outside,
-                           "isolated_wall_s": wall_s}
+                           "isolated_wall_s": trace.meta.get("wall_s")}
     if cost_model is not None:
         busiest = max(groups.values(), default=0.0)
         out.update({"hw_bound_s": outside + max(paths, busiest),
                     "group_work_s": {g: round(w, 4) for g, w in sorted(groups.items())}})
     return out
+
+
+def query_bound(handlers: IsolatingHandlers, wall_s: float,
+                cost_model: CostModel | None = None) -> dict[str, Any]:
+    """The bound of the one query measured since the last ``reset``, whose isolated run took
+    ``wall_s`` (:func:`trace_bound` of its recorded trace)."""
+    trace = recorded_query(handlers, wall_s, cost_model or CostModel.default())
+    return trace_bound(trace, cost_model)

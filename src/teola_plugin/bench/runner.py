@@ -29,7 +29,8 @@ from ..runtime.runtime import Runtime, default_engine_specs
 from . import metrics
 from .apps import (APPS, PLAIN_APP, PLAIN_CONCURRENT, PLAIN_SEQUENTIAL, TEOLA_APP, TEOLA_FULL, BenchApp, Query, System,
                    all_systems, reference_of)
-from .bound import IsolatingHandlers, query_bound
+from ..sim.trace import recorded_query
+from .bound import IsolatingHandlers, trace_bound
 from .checkpoint import Checkpoint
 from .framework_events import EventRecorder
 from .model_server import ModelServer, start_model_server
@@ -157,7 +158,9 @@ class Bench:
             start = time.perf_counter()
             app.run(query, TEOLA_FULL)
             wall = time.perf_counter() - start
-            return {"query": query.id, **query_bound(self.handlers, wall, self.runtime.cost_model())}
+            trace = recorded_query(self.handlers, wall, self.runtime.cost_model(), app.name, query.id)
+            # the trace is also what `teola simulate` replays (written to traces.json, not results.json)
+            return {"query": query.id, **trace_bound(trace, self.runtime.cost_model()), "trace": trace.to_dict()}
         except Exception as exc:
             return {"query": query.id, "error": f"{type(exc).__name__}: {exc}"}
         finally:

@@ -211,6 +211,10 @@ class CostModel:
             return None
         return int(max(zip(curve.batch, curve.latency_s), key=lambda bl: bl[0] / max(bl[1], 1e-12))[0])
 
+    def profiled(self, engine: str, op: Op | str, kind: str | None = None) -> bool:
+        """Does a profile (the file's or a built-in default) cover ``op`` on ``engine``?"""
+        return self._curve(engine, op, kind) is not None
+
     def _curve(self, engine: str, op: Op | str, kind: str | None) -> Curve | None:
         """The profile of ``op`` on ``engine`` (an instance name), else on its ``kind``."""
         return self._curves.get(engine, {}).get(op) or self._curves.get(kind or "", {}).get(op)
