@@ -23,3 +23,11 @@ def test_what_the_user_set_a_gpu_engine_and_other_kinds_are_left_alone():
     other = EngineSpec("reranker", "teola_plugin.engines.reranker:Reranker", kind="reranker")
     for spec in (own, gpu, cuda, other):
         assert tuned(spec, PROFILE) is spec
+
+
+def test_another_embedder_class_without_the_setting_starts_as_it_is():
+    """A user's own embedder engine (here the scheduler benchmark's no-op one) takes no
+    batch_size: it is not given one (it failed to start with a TypeError before)."""
+    noop = EngineSpec("embedder", "teola_plugin.bench.noop_engine:NoopEmbedder", kind="embedder")
+    assert tuned(noop, PROFILE) is noop
+    noop.build()

@@ -12,6 +12,7 @@ library's default on a GPU, where the CPU measurements say nothing (profile a GP
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 from .compute_groups import spec_group
@@ -28,7 +29,14 @@ def tuned(spec: EngineSpec, cost_model: Any) -> EngineSpec:
     if setting is None or setting[1] in spec.kwargs or spec_group(spec).startswith("gpu:"):
         return spec
     op, kwarg = setting
+    if not _takes(spec, kwarg):  # another engine class of this kind (a user's own) has no such setting
+        return spec
     best = cost_model.best_batch(spec.name, op, spec.kind)
     if best is None:
         return spec
     return dataclasses.replace(spec, kwargs={**spec.kwargs, kwarg: best})
+
+
+def _takes(spec: EngineSpec, kwarg: str) -> bool:
+    params = inspect.signature(spec.engine_class()).parameters
+    return kwarg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
