@@ -211,6 +211,7 @@ def test_the_published_simulation_is_what_the_code_computes_from_its_recorded_ru
     assert again["calibration_profile_only"] == published["calibration_profile_only"]
     assert again["predictions"] == published["predictions"]
     assert again["paper_apps_here"] == published["paper_apps_here"]
+    assert again["load_what_if"] == published["load_what_if"]
     rows = [r for systems in published["calibration"].values() for s, r in systems.items() if s != "poisson"]
     assert {"plain-sequential", "plain-concurrent", "teola-full"} <= {
         s for systems in published["calibration"].values() for s in systems}
