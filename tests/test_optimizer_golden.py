@@ -363,3 +363,17 @@ def test_optimizing_twice_changes_nothing_more():
     twice = optimize(once)
     assert twice.summary() == once.summary()
     assert not any(r.changed for r in twice.history[-len(DEFAULT_ORDER):])
+
+
+def test_a_broken_graph_is_blamed_on_the_pass_that_made_it_even_when_a_later_pass_trips_on_it():
+    def broken(graph, ctx):
+        g = graph.copy()
+        g.add_after("llm_decode", "ghost")
+        return g
+
+    def trips(graph, ctx):
+        raise KeyError("ghost")
+    pm = PassManager(["prune"])
+    pm.passes += [Pass("broken_pass", "adds a dangling wait", broken), Pass("next_pass", "reads it", trips)]
+    with pytest.raises(GraphValidationError, match="pass 'broken_pass' produced an invalid graph.*ghost"):
+        pm.run(naive_rag())

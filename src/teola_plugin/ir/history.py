@@ -6,6 +6,7 @@ pass cannot forget to report a change; the pass only adds a note saying *why*.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
@@ -29,23 +30,76 @@ class Edge(NamedTuple):
 
 
 @dataclass(frozen=True)
-class PassRecord:
-    pass_name: str
-    description: str = ""
+class Changes:
+    """Everything that differs between the graphs before and after a pass."""
+
     added_nodes: tuple[str, ...] = ()
     removed_nodes: tuple[str, ...] = ()
     changed_nodes: tuple[str, ...] = ()  # same name, different attrs / engine / origin
     added_edges: tuple[Edge, ...] = ()
     removed_edges: tuple[Edge, ...] = ()
     rebound_outputs: tuple[str, ...] = ()
-    note: str = ""
-    critical_path_before: float | None = None
-    critical_path_after: float | None = None
 
     @property
     def changed(self) -> bool:
         return bool(self.added_nodes or self.removed_nodes or self.changed_nodes or self.added_edges
                     or self.removed_edges or self.rebound_outputs)
+
+
+class PassRecord:
+    """What one optimizer pass did: its name, why (``note``), its :class:`Changes` (whose
+    fields read through: ``record.added_nodes``, ``record.changed``) and the critical path
+    before and after it.
+
+    Changes and critical paths are computed on first read from the graphs before and after
+    the pass, which the record holds until then: an optimizer run whose history nobody
+    reads (a query's) pays nothing for it."""
+
+    def __init__(self, pass_name: str, description: str = "", note: str = "", *,
+                 before: PGraph, after: PGraph, critical_path: Callable[[PGraph], float] | None = None) -> None:
+        self.pass_name, self.description, self.note = pass_name, description, note
+        self._graphs: tuple[PGraph, PGraph] | None = (before, after)
+        self._critical_path = critical_path
+        self._changes: Changes | None = None
+        self._spans: tuple[float, float] | None = None
+
+    @property
+    def changes(self) -> Changes:
+        if self._changes is None:
+            assert self._graphs is not None
+            self._changes = diff(*self._graphs)
+            self._release()
+        return self._changes
+
+    @property
+    def critical_path_before(self) -> float | None:
+        span = self._span()
+        return None if span is None else span[0]
+
+    @property
+    def critical_path_after(self) -> float | None:
+        span = self._span()
+        return None if span is None else span[1]
+
+    def _span(self) -> tuple[float, float] | None:
+        if self._spans is None and self._critical_path is not None and self._graphs is not None:
+            before, after = self._graphs
+            self._spans = (self._critical_path(before), self._critical_path(after))
+            self._release()
+        return self._spans
+
+    def _release(self) -> None:
+        """Drop the graphs once everything read from them is computed."""
+        if self._changes is not None and (self._critical_path is None or self._spans is not None):
+            self._graphs = None
+
+    def __getattr__(self, name: str) -> object:  # the Changes' fields and ``changed``
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.changes, name)
+
+    def __repr__(self) -> str:
+        return f"PassRecord({self.pass_name!r}, changed={self.changed})"
 
 
 def _edges(prim: Primitive) -> Iterable[Edge]:
@@ -55,9 +109,9 @@ def _edges(prim: Primitive) -> Iterable[Edge]:
         yield Edge(target, prim.name, "control")
 
 
-def diff(before: PGraph, after: PGraph, pass_name: str, **fields) -> PassRecord:
-    """Record of everything that differs between two graphs. O(n): nodes are compared by
-    name, edges only for nodes whose inputs / after changed."""
+def diff(before: PGraph, after: PGraph) -> Changes:
+    """Everything that differs between two graphs. O(n): nodes are compared by name,
+    edges only for nodes whose inputs / after changed."""
     old, new = before._prims, after._prims
     added = [n for n in new if n not in old]
     removed = [n for n in old if n not in new]
@@ -75,10 +129,8 @@ def diff(before: PGraph, after: PGraph, pass_name: str, **fields) -> PassRecord:
         if p.attrs != q.attrs or p.engine != q.engine or p.origin != q.origin or p.op != q.op:
             changed.append(name)
     rebound = [o for o, r in after.outputs.items() if before.outputs.get(o) != r]
-    return PassRecord(pass_name, added_nodes=tuple(added), removed_nodes=tuple(removed),
-                      changed_nodes=tuple(changed), added_edges=tuple(sorted(added_edges)),
-                      removed_edges=tuple(sorted(removed_edges)), rebound_outputs=tuple(rebound),
-                      **fields)
+    return Changes(tuple(added), tuple(removed), tuple(changed), tuple(sorted(added_edges)),
+                   tuple(sorted(removed_edges)), tuple(rebound))
 
 
 def _names(names: Iterable[str], graph: PGraph | None = None, limit: int = 8) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, GraphValidationError
 from ..ir.graph import PGraph
-from ..ir.history import PassRecord, diff
+from ..ir.history import PassRecord
 from .context import PassContext
 from .cost import CostModel
 from .passes import ALIASES, DEFAULT_ORDER, PASSES, Pass
@@ -69,33 +69,64 @@ class PassManager:
 
     def _run(self, graph: PGraph, cost_model: CostModel | None) -> PGraph:
         # One context for the whole run: node costs and finish times are shared between the
-        # manager's critical paths and the passes that need them.
+        # passes that need them (and the records' critical paths, if anybody reads them).
         ctx = PassContext(cost_model or CostModel.default(), self.options)
-        track = self.track_critical_path
+        critical_path = _CriticalPaths(ctx) if self.track_critical_path else None
         graph.validate()
-        current = graph
-        span = ctx.critical_path_length(graph) if track else None
+        steps: list[tuple[str, PGraph]] = []  # (pass, its result), for naming a pass that broke the graph
         records: list[PassRecord] = []
+        current = graph
         for p in self.passes:
             ctx.notes = []
             try:
                 with current.frozen():  # a pass that edits its input instead of a copy fails here
                     result = p.run(current, ctx)
             except Exception as exc:
+                if current is not graph:  # an earlier pass may have handed it a broken graph: name that one
+                    _validate(graph, current, steps)
                 exc.add_note(f"in optimizer pass {p.name!r}")
                 raise
-            if result is not current:
-                try:
-                    result.validate(since=current)
-                except GraphValidationError as exc:
-                    raise GraphValidationError(f"optimizer pass {p.name!r} produced an invalid graph: "
-                                               f"{exc}", node=exc.node) from exc
-            after = ctx.critical_path_length(result) if track and result is not current else span
-            records.append(diff(current, result, p.name, description=p.description,
-                                note="; ".join(ctx.notes), critical_path_before=span,
-                                critical_path_after=after))
-            current, span = result, after
+            records.append(PassRecord(p.name, p.description, "; ".join(ctx.notes), before=current, after=result,
+                                      critical_path=critical_path))
+            steps.append((p.name, result))
+            current = result
+        if current is not graph:
+            _validate(graph, current, steps)
         if current is graph:
             current = graph.copy()
         current.history = list(graph.history) + records
         return current
+
+
+def _validate(graph: PGraph, result: PGraph, steps: list[tuple[str, PGraph]]) -> None:
+    """Check what the passes edited, once (primitives are immutable, so that is every node
+    not shared with the input); if it is broken, find the first pass whose result was."""
+    try:
+        result.validate(since=graph)
+        return
+    except GraphValidationError:
+        pass
+    before = graph
+    for name, after in steps:
+        if after is not before:
+            try:
+                after.validate(since=before)
+            except GraphValidationError as exc:
+                raise GraphValidationError(f"optimizer pass {name!r} produced an invalid graph: {exc}",
+                                           node=exc.node) from exc
+        before = after
+    result.validate()  # not reached when a pass is to blame: the checks above cover every edit
+
+
+class _CriticalPaths:
+    """A run's critical path of any of its graphs, on first request (``explain()``)."""
+
+    def __init__(self, ctx: PassContext) -> None:
+        self.ctx = ctx
+        self.memo: dict[int, tuple[PGraph, float]] = {}
+
+    def __call__(self, graph: PGraph) -> float:
+        known = self.memo.get(id(graph))
+        if known is None or known[0] is not graph:
+            known = self.memo[id(graph)] = (graph, self.ctx.critical_path_length(graph))
+        return known[1]
