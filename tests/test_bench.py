@@ -233,3 +233,24 @@ def test_llama_index_apps_stream_the_same_answer_and_report_the_first_token(runt
     finally:
         Settings.executor = None
         Settings._llm, Settings._embed_model = saved
+
+
+def test_a_decodes_token_count_is_the_engines_running_count_not_its_deltas():
+    """vLLM's deltas can hold several tokens; each carries the request's running count."""
+    import asyncio
+
+    from teola_plugin.bench.bound import _TokenCounter
+    from teola_plugin.engines.generation import GenerationDelta
+
+    class Ctx:
+        async def resume_stream(self, sid):
+            for n in (5, 9, 12):  # three deltas, twelve tokens
+                yield GenerationDelta(sid, "x", n, n == 12)
+
+    state = SimpleNamespace(first=[GenerationDelta("r", "a", 2, False)])
+    counter = _TokenCounter(Ctx(), state)
+    assert counter.tokens == 2
+
+    async def read():
+        return [d.text async for d in counter.resume_stream("r")]
+    assert asyncio.run(read()) == ["x", "x", "x"] and counter.tokens == 12

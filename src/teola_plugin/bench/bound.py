@@ -52,19 +52,24 @@ class RunRecord:
     ended: float = 0.0
     durations: dict[str, float] = field(default_factory=dict)
     expansions: dict[str, Any] = field(default_factory=dict)  # node -> child graph
-    tokens: dict[str, int] = field(default_factory=dict)  # decode -> tokens it streamed (deltas)
+    tokens: dict[str, int] = field(default_factory=dict)  # decode -> tokens its request generated
 
 
 class _TokenCounter:
-    """A decode's node context that counts the token deltas it emits (one per engine step)."""
+    """A decode's node context that reads how many tokens its request generated: the
+    engines' deltas carry the running count (a delta may hold several tokens)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, state: Any) -> None:
         self._ctx = ctx
-        self.tokens = 0
+        self.tokens = max((d.num_generated_tokens for d in getattr(state, "first", ())), default=0)
 
-    def emit_token(self, text: str) -> None:
-        self.tokens += 1
-        self._ctx.emit_token(text)
+    def resume_stream(self, stream_id: str) -> Any:
+        return self._counted(self._ctx.resume_stream(stream_id))
+
+    async def _counted(self, deltas: Any) -> Any:
+        async for delta in deltas:
+            self.tokens = max(self.tokens, getattr(delta, "num_generated_tokens", 0) or 0)
+            yield delta
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
@@ -93,7 +98,7 @@ def _isolated(op: str) -> Any:
         run = ctx.run
         lock = self._locks.setdefault(run.query_id, asyncio.Lock())  # child expansions share the query id
         rec = self.runs.setdefault(id(run.graph), RunRecord(run.graph, time.perf_counter()))
-        counted = _TokenCounter(ctx) if op == Op.LLM_DECODE.value else None
+        counted = _TokenCounter(ctx, inputs.get("state")) if op == Op.LLM_DECODE.value else None
         async with lock:
             t0 = time.perf_counter()
             out = await original(self, prim, inputs, counted or ctx)
