@@ -134,7 +134,15 @@ def render(sim: dict[str, Any]) -> str:
         "Why predictions and measurements differ: a question's bound run and its measured runs are "
         "separate runs on a shared 2-core machine, and one isolated run per question carries that run's "
         "noise into every system's prediction; the framework's own code in the plain systems is "
-        "replayed as the traced graph's primitives, one after another.",
+        "replayed as the traced graph's primitives, one after another. The isolated run also "
+        "under-records decodes: vLLM keeps generating a stream its prefill opened while the run measures "
+        "the query's other primitives (summarize's leaf decodes are recorded at 0.0-0.1 s for 24-32 "
+        "tokens), which overlap is real when the calls run together (teola-full, plain-concurrent) but "
+        "not when plain-sequential makes them one after another, hence its miss. Bounding a decode "
+        "below by its tokens at the profile's single-sequence step made the other rows worse (the "
+        "profile's 44 ms per token is slower than the recorded decodes), so it is not done. Under "
+        "Poisson load the model's sharing of the two cores is coarsest: equal shares for whatever "
+        "runs, where the OS, vLLM's bound threads and the engines' own thread pools are not equal.",
         "",
         "With costs from the profile file alone (each primitive's work items as the lowering estimates "
         "them, no recorded times), the errors are:",
