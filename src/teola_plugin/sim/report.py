@@ -192,7 +192,11 @@ def render(sim: dict[str, Any]) -> str:
         for app, row in pred.get("paper_apps", {}).items():
             lines.append(f"| {name} | {app} | {_s(row['plain_sequential_s'])} | {_s(row['teola_full_s'])} | "
                          f"{row['speedup']:.2f}x | {', '.join(row['passes_that_changed']) or '—'} |")
-    lines += ["", "For comparison, the Ayo README's measured results on 4x RTX 3090 (its own apps and models):", ""]
+    lines += ["", "Not modelled, so not in these predictions: vLLM's prefix cache (a prefix warmed by "
+              "`split_prefill` counts only as fewer prompt tokens), items of a decode streamed into the next "
+              "step before it ends (they wait for the decode, costing one item after it), and the runtime's "
+              "per-call overhead (~1 ms a dependent step through Ray, docs/scheduling.md).", ""]
+    lines += ["For comparison, the Ayo README's measured results on 4x RTX 3090 (its own apps and models):", ""]
     lines += ["| app | plain s | Ayo s | speedup |", "|---|---|---|---|"]
     lines += [f"| {r['name']} (ours: {app}) | {r['plain_s']:.2f} | {r['ayo_s']:.2f} | {r['speedup']:.2f}x |"
               for app, r in sim["ayo_measured"].items()]
