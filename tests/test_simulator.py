@@ -125,6 +125,20 @@ def test_a_decode_moves_to_other_hardware_by_its_recorded_tokens():
     assert moved.decode_slowdown(decode, 2) == pytest.approx(1.0)  # the target batches two for free
 
 
+def test_a_decode_timed_short_costs_at_least_its_tokens_at_the_recorded_step():
+    """vLLM runs on a stream while the isolated run times other primitives, so a decode can
+    be recorded at almost nothing; the step comes from the decodes timed whole."""
+    from teola_plugin.sim.calibration import recorded_decode_step
+
+    whole = NodeTrace("d1", "llm_decode", "llm", "llm", "g", (), 32.0, 0.64, None, 16)  # 40 ms a token
+    short = NodeTrace("d2", "llm_decode", "llm", "llm", "g", (), 32.0, 0.01, None, 30)  # made while others ran
+    step = recorded_decode_step([QueryTrace("app", "q", (GraphTrace("g", (whole, short)),))])
+    assert step == pytest.approx(0.04)
+    floored = Durations("measured", PROFILE, decode_step_s=step)
+    assert floored.alone(short) == pytest.approx(29 * 0.04)  # the first token came with the prefill
+    assert floored.alone(whole) == pytest.approx(0.64)
+
+
 def test_trace_round_trips_through_json():
     inner = GraphTrace("inner", (node("b", measured=None),))
     decode = NodeTrace("d", "llm_decode", "llm", "llm", "g", ("c",), 32.0, 0.5, None, 12)
@@ -207,6 +221,7 @@ def test_the_published_simulation_is_what_the_code_computes_from_its_recorded_ru
     source = published["source"]
     again = report.run(root / source["results"], root / source["profile"],
                        [d["deployment"] for d in published["predictions"].values()], published["command"])
+    assert again["recorded_decode_step_s"] == published["recorded_decode_step_s"]
     assert again["calibration"] == published["calibration"]
     assert again["calibration_profile_only"] == published["calibration_profile_only"]
     assert again["predictions"] == published["predictions"]

@@ -32,7 +32,8 @@ CONCURRENT_SEQ_TOKENS = 64  # what bench_engines' llm_decode_concurrent curve ho
 
 
 class Durations:
-    def __init__(self, mode: str, source: CostModel, target: CostModel | None = None) -> None:
+    def __init__(self, mode: str, source: CostModel, target: CostModel | None = None,
+                 decode_step_s: float | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown duration mode {mode!r}; known: {', '.join(MODES)}")
         if target is not None and mode != "measured":
@@ -40,6 +41,9 @@ class Durations:
         self.mode = mode
         self.source = source  # the profile of the hardware the trace was recorded on
         self.target = target or source  # the hardware simulated
+        # One decode step as recorded on the source (see recorded_decode_step): a floor under
+        # a recorded decode's time, which can miss the tokens made while other steps were timed.
+        self.decode_step_s = decode_step_s
 
     def _profiled(self, model: CostModel, node: NodeTrace, items: float) -> float:
         return model.latency(node.engine, node.op, items, node.kind)
@@ -60,7 +64,8 @@ class Durations:
         if self.mode == "profile" or node.measured_s is None:
             return (node.tokens or max(1.0, node.items)) * step
         if self.target is self.source:
-            return node.measured_s
+            floor = (node.tokens - 1) * self.decode_step_s if node.tokens and self.decode_step_s else 0.0
+            return max(node.measured_s, floor)
         if node.tokens:
             return node.tokens * step
         before = _step(self.source, node, 1)

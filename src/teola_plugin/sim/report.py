@@ -10,9 +10,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..optimizer.cost import CostModel
-from .calibration import calibrate, predict, predict_paper_apps
+from .calibration import calibrate, predict, predict_paper_apps, recorded_decode_step
 from .durations import Durations
 from .hardware import Deployment
+from .trace import QueryTrace
 from .what_if import load_what_if, table
 
 # What the Ayo README reports measured (4x RTX 3090): plain LlamaIndex -> Ayo, mean latency in s.
@@ -46,6 +47,8 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
                           "`teola bench` with the bound runs (not --no-bound)")
     host = CostModel.from_file(profile_path)
     groups = results.get("compute_groups", {})
+    step = recorded_decode_step(QueryTrace.from_dict(t) for rows in traces.values() for t in rows)
+    recorded = Durations("measured", host, decode_step_s=step)
     return {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -53,9 +56,10 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
                    "results_date": results.get("date"), "machine": results.get("machine"),
                    "profile": str(profile_path)},
         "target": CALIBRATION_TARGET,
-        "calibration": calibrate(results, traces, Durations("measured", host)),
+        "recorded_decode_step_s": step,
+        "calibration": calibrate(results, traces, recorded),
         "calibration_profile_only": calibrate(results, traces, Durations("profile", host)),
-        "load_what_if": load_what_if(results, traces, Durations("measured", host)),
+        "load_what_if": load_what_if(results, traces, recorded),
         "predictions": {
             d.name: {"deployment": text, "assumptions": d.assumptions(), "apps": predict(traces, host, d, groups),
                      "paper_apps": predict_paper_apps(host, d)}
@@ -68,6 +72,10 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x * 100:+.0f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.1f} ms"
 
 
 def _s(x: float | None) -> str:
@@ -120,7 +128,7 @@ def render(sim: dict[str, Any]) -> str:
         "scheduler dispatches ready primitives, the engine schedulers batch them by the runtime's own "
         "policies, vLLM's sequences share decode steps, and engines on one compute group share its "
         "hardware. Each primitive costs what it took alone in the benchmark's bound run (a batch: their "
-        "sum scaled by the profile's batching gain).",
+        "sum scaled by the profile's batching gain; a decode at least its tokens at the recorded step).",
         "",
         "## Calibration on this machine",
         "",
@@ -134,15 +142,14 @@ def render(sim: dict[str, Any]) -> str:
         "Why predictions and measurements differ: a question's bound run and its measured runs are "
         "separate runs on a shared 2-core machine, and one isolated run per question carries that run's "
         "noise into every system's prediction; the framework's own code in the plain systems is "
-        "replayed as the traced graph's primitives, one after another. The isolated run also "
-        "under-records decodes: vLLM keeps generating a stream its prefill opened while the run measures "
-        "the query's other primitives (summarize's leaf decodes are recorded at 0.0-0.1 s for 24-32 "
-        "tokens), which overlap is real when the calls run together (teola-full, plain-concurrent) but "
-        "not when plain-sequential makes them one after another, hence its miss. Bounding a decode "
-        "below by its tokens at the profile's single-sequence step made the other rows worse (the "
-        "profile's 44 ms per token is slower than the recorded decodes), so it is not done. Under "
-        "Poisson load the model's sharing of the two cores is coarsest: equal shares for whatever "
-        "runs, where the OS, vLLM's bound threads and the engines' own thread pools are not equal.",
+        "replayed as the traced graph's primitives, one after another. The isolated run "
+        "under-records some decodes: vLLM keeps generating a stream its prefill opened while the run "
+        "times the query's other primitives (summarize's leaf decodes are recorded at 0.0-0.1 s for 24-32 "
+        f"tokens), so a decode costs at least its tokens after the first at the recorded step "
+        f"({_ms(sim.get('recorded_decode_step_s'))} per token: the median of the decodes timed whole; the "
+        "profile's 44 ms would overstate it). Under Poisson load the model's sharing of the two cores is "
+        "coarsest: equal shares for whatever runs, where the OS, vLLM's bound threads and the engines' own "
+        "thread pools are not equal.",
         "",
         "With costs from the profile file alone (each primitive's work items as the lowering estimates "
         "them, no recorded times), the errors are:",
@@ -161,8 +168,9 @@ def render(sim: dict[str, Any]) -> str:
         "",
         "None of the rules reaches the 2x p99 target at plain-concurrent's saturating rate on any app: "
         "every engine computes on the same two cores, so the queries' total work, not their order, sets "
-        "the tail. A cap helps where queries have parallel LLM calls that otherwise share the cores "
-        "(summarize) and hurts where one query cannot use the whole machine (search, LangChain RAG). "
+        "the tail. A cap of two helps summarize at its single-query rate (its parallel LLM calls no "
+        "longer share the cores with other queries') and hurts beyond it, and wherever one query cannot "
+        "use the whole machine (search, LangChain RAG). "
         "Where the simulated topology rule trails FIFO (doc_qa_naive: a query's short embedding waits "
         "behind newer queries' uploads), the measured runs above did not show it (teola-full's Poisson "
         "rows are its largest calibration errors), so the model of that rule is what to check first.",
