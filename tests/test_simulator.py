@@ -69,6 +69,14 @@ def test_decodes_share_steps():
     assert latencies(qs[:1], "teola-full") == [1.0]
 
 
+def test_a_prefill_runs_in_the_llm_engines_next_step_and_the_decodes_wait_for_it():
+    llm = dict(engine="llm", kind="llm", group="gpu")
+    q1 = query(node("d", op="llm_decode", measured=1.0, **llm), name="q1")  # 10 steps of 0.1 s
+    q2 = query(node("p", op="llm_prefill", items=10, measured=0.5, **llm), name="q2")
+    results = simulate([q1, q2], MEASURED, SYSTEMS["teola-full"], [0.0, 0.2])
+    assert [round(r.finish_s, 6) for r in results] == [1.5, 0.7]  # the prefill at full speed, the decode paused
+
+
 def test_an_expansion_runs_before_its_node_is_done():
     inner = GraphTrace("inner", (node("b", op="opaque", engine="cpu", kind="cpu", group="g2", measured=2.0),))
     q = query(node("a", op="opaque", engine="cpu", kind="cpu", group="g2", expansion=inner),

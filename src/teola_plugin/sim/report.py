@@ -14,7 +14,7 @@ from .calibration import calibrate, predict, predict_paper_apps, recorded_decode
 from .durations import Durations
 from .hardware import Deployment
 from .trace import QueryTrace
-from .what_if import load_what_if, table
+from .what_if import best_rules, load_what_if, table
 
 # What the Ayo README reports measured (4x RTX 3090): plain LlamaIndex -> Ayo, mean latency in s.
 AYO_MEASURED = {"doc_qa_naive": ("naive RAG", 3.72, 1.97), "doc_qa_advanced": ("advanced RAG", 7.40, 3.17)}
@@ -166,14 +166,17 @@ def render(sim: dict[str, Any]) -> str:
         "",
         *table(sim["load_what_if"]),
         "",
-        "None of the rules reaches the 2x p99 target at plain-concurrent's saturating rate on any app: "
-        "every engine computes on the same two cores, so the queries' total work, not their order, sets "
-        "the tail. A cap of two helps summarize at its single-query rate (its parallel LLM calls no "
-        "longer share the cores with other queries') and hurts beyond it, and wherever one query cannot "
-        "use the whole machine (search, LangChain RAG). "
-        "Where the simulated topology rule trails FIFO (doc_qa_naive: a query's short embedding waits "
-        "behind newer queries' uploads), the measured runs above did not show it (teola-full's Poisson "
-        "rows are its largest calibration errors), so the model of that rule is what to check first.",
+        "The largest p99 gain over plain-concurrent per app and rate:",
+        "",
+        *best_rules(sim["load_what_if"]),
+        "",
+        "An admission cap helps where a query's parallel LLM calls would otherwise share the cores "
+        "with other queries' work (summarize) and hurts where one query cannot use the whole machine "
+        "(search, LangChain RAG); with every engine on the same two cores, the queries' total work "
+        "sets the tail more than their order. Where the simulated topology rule trails FIFO "
+        "(doc_qa_naive: a query's short embedding waits behind newer queries' uploads), the measured "
+        "runs did not show it (teola-full's Poisson rows are its largest calibration errors), so the "
+        "model of that rule is what to check first, before building any of these rules.",
         "",
         "## Predictions for GPU deployments",
         "",

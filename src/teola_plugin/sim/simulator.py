@@ -13,8 +13,10 @@ What is modelled, and how the runtime does it:
   ``max_concurrent`` batches at once). Without ``batching`` every request is its own call
   and calls run side by side (threads calling an in-process model).
 * **The LLM engine** batches continuously, as vLLM does: prefills leave in batches, and
-  the sequences being decoded share decode steps, one step of ``n`` sequences taking
-  ``Durations.decode_step(n)``.
+  the sequences being decoded share decode steps (``n`` in flight each slowed by
+  ``Durations.decode_slowdown(n)``). A prefill goes into the engine's next step, so the
+  decodes wait while it runs (the step takes the prefill's time), rather than sharing
+  the hardware with it.
 * **Shared hardware**: everything running on one compute group (engine batches, the LLM's
   prefill and its decode steps, framework steps) shares it equally (processor sharing):
   ``k`` activities on a group each progress at ``1/k`` of their speed alone. Engines of
@@ -83,6 +85,8 @@ class QueryResult:
 class Activity:
     """Work in progress on a compute group, measured in seconds alone."""
 
+    waiting = False  # paused: takes no share of its group's hardware
+
     def __init__(self, work_s: float, on_done: Callable[[], None]) -> None:
         self.remaining = max(0.0, work_s)
         self.on_done = on_done
@@ -120,7 +124,9 @@ class DecodeLoop(Activity):
             seq[0] -= progress
 
     def left(self) -> float:
-        return min(s[0] for s in self.seqs.values()) * self.slowdown(len(self.seqs)) if self.seqs else math.inf
+        if self.waiting or not self.seqs:
+            return math.inf
+        return min(s[0] for s in self.seqs.values()) * self.slowdown(len(self.seqs))
 
     def settle(self) -> bool:
         done = [k for k, s in self.seqs.items() if s[0] <= EPS]
@@ -154,8 +160,9 @@ class Simulation:
             t_event = self._events[0][0] if self._events else math.inf
             t_work = math.inf
             for acts in self.groups.values():
-                if acts:
-                    t_work = min(t_work, self.now + min(a.left() for a in acts) * len(acts))
+                running = [a for a in acts if not a.waiting]
+                if running:
+                    t_work = min(t_work, self.now + min(a.left() for a in running) * len(running))
             t = min(t_event, t_work)
             if t == math.inf:
                 return
@@ -167,9 +174,10 @@ class Simulation:
     def _advance(self, t: float) -> None:
         dt = max(0.0, t - self.now)
         for acts in self.groups.values():
-            if acts and dt > 0:
-                for a in acts:
-                    a.advance(dt / len(acts))
+            running = [a for a in acts if not a.waiting]
+            if running and dt > 0:
+                for a in running:
+                    a.advance(dt / len(running))
         self.now = max(self.now, t)
 
     def _settle(self) -> None:
@@ -268,6 +276,12 @@ class LLMEngineSim(EngineSim):
             self.decodes = DecodeLoop(lambda n, node=node: durations.decode_slowdown(node, n))
             self.sim.start(self.group, self.decodes)
         self.decodes.add(durations.alone(node), on_done)
+        self.decodes.waiting = self.running > 0
+
+    def dispatch(self) -> None:
+        super().dispatch()
+        if self.decodes is not None:  # vLLM runs a prefill's step before the decodes' next ones
+            self.decodes.waiting = self.running > 0
 
 
 class QueryRun:

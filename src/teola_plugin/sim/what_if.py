@@ -65,3 +65,16 @@ def table(what_if: Mapping[str, Any]) -> list[str]:
                      for s in (row["systems"][n] for n in names)]
             out.append(f"| {app} | {row['rate_multiple']:g}x ({row['rate_qps']} q/s) | " + " | ".join(cells) + " |")
     return out
+
+
+def best_rules(what_if: Mapping[str, Any]) -> list[str]:
+    """Per app, the variant with the largest p99 gain over plain-concurrent at each rate."""
+    out = []
+    for app, rows in what_if.items():
+        cells = []
+        for row in rows:
+            name, best = max(row["systems"].items(), key=lambda kv: kv[1]["p99_gain"] or 0.0)
+            gain = best["p99_gain"] or 0.0
+            cells.append(f"{row['rate_multiple']:g}x: " + (f"{name} {gain:.2f}x" if gain > 1.0 else "none better"))
+        out.append(f"* {app}: " + "; ".join(cells))
+    return out
