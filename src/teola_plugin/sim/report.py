@@ -74,6 +74,10 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x * 100:+.0f}%"
 
 
+def _share(values: list[float], x: float | None) -> str:
+    return "—" if not values or x is None else f"{x:.0%}"
+
+
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x * 1e3:.1f} ms"
 
@@ -133,9 +137,10 @@ def render(sim: dict[str, Any]) -> str:
         "## Calibration on this machine",
         "",
         f"Target: within {CALIBRATION_TARGET['mean']:.0%} on means and {CALIBRATION_TARGET['p99']:.0%} on p99. "
-        f"Mean absolute error: {_pct(sum(means) / len(means)) if means else '—'} on means (largest "
-        f"{_pct(max(means)) if means else '—'}), {_pct(sum(p99s) / len(p99s)) if p99s else '—'} on p99 "
-        f"(largest {_pct(max(p99s)) if p99s else '—'}).",
+        f"Mean absolute error: {_share(means, sum(means) / len(means) if means else None)} on means "
+        f"(largest {_share(means, max(means, default=None))}), "
+        f"{_share(p99s, sum(p99s) / len(p99s) if p99s else None)} on p99 "
+        f"(largest {_share(p99s, max(p99s, default=None))}).",
         "",
         *calibration_table(cal),
         "",
@@ -152,7 +157,7 @@ def render(sim: dict[str, Any]) -> str:
         "thread pools are not equal.",
         "",
         "With costs from the profile file alone (each primitive's work items as the lowering estimates "
-        "them, no recorded times), the errors are:",
+        "them, a decode's as its recorded tokens; no recorded times), the errors are:",
         "",
         *calibration_table(sim["calibration_profile_only"]),
         "",
