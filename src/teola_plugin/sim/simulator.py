@@ -261,7 +261,7 @@ class EngineSim:
 
 
 class LLMEngineSim(EngineSim):
-    """vLLM: prefills in batches, decodes stepping together while other work goes on."""
+    """vLLM: prefills in batches, one at a time; decodes stepping together, waiting while a prefill runs."""
 
     def __init__(self, sim: Simulation, group: str, policy: BatchPolicy) -> None:
         # one prefill batch at a time, as many requests as the policy admits into it
@@ -304,6 +304,8 @@ class QueryRun:
 
 
 class GraphRun:
+    """One graph of a query: dispatches each node once the nodes it waits for are done."""
+
     def __init__(self, query: QueryRun, graph: GraphTrace, on_done: Callable[[], None]) -> None:
         self.query, self.graph, self.on_done = query, graph, on_done
         self.sim = query.sim
