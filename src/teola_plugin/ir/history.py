@@ -85,6 +85,7 @@ class PassRecord:
         if self._spans is None and self._critical_path is not None and self._graphs is not None:
             before, after = self._graphs
             self._spans = (self._critical_path(before), self._critical_path(after))
+            self._critical_path = None  # its memo holds the run's graphs
             self._release()
         return self._spans
 
