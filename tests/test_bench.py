@@ -254,3 +254,16 @@ def test_a_decodes_token_count_is_the_engines_running_count_not_its_deltas():
     async def read():
         return [d.text async for d in counter.resume_stream("r")]
     assert asyncio.run(read()) == ["x", "x", "x"] and counter.tokens == 12
+
+
+def test_a_decode_whose_tokens_came_while_others_were_timed_counts_them_in_the_bound():
+    from teola_plugin.bench.bound import trace_bound
+    from teola_plugin.sim.trace import GraphTrace, NodeTrace, QueryTrace
+
+    def decode(name, preds, measured, tokens):
+        return NodeTrace(name, "llm_decode", "llm", "llm", "g", preds, 32.0, measured, None, tokens)
+    whole = decode("d1", (), 0.64, 16)  # 40 ms a token, timed whole
+    short = decode("d2", ("d1",), 0.01, 30)  # made while d1 was timed
+    bound = trace_bound(QueryTrace("app", "q", (GraphTrace("g", (whole, short)),), 0.5))
+    assert bound["critical_path_s"] == pytest.approx(0.64 + 29 * 0.04)
+    assert bound["bound_s"] == pytest.approx(0.5 + 0.64 + 29 * 0.04)

@@ -136,7 +136,7 @@ def test_a_decode_moves_to_other_hardware_by_its_recorded_tokens():
 def test_a_decode_timed_short_costs_at_least_its_tokens_at_the_recorded_step():
     """vLLM runs on a stream while the isolated run times other primitives, so a decode can
     be recorded at almost nothing; the step comes from the decodes timed whole."""
-    from teola_plugin.sim.calibration import recorded_decode_step
+    from teola_plugin.sim.durations import recorded_decode_step
 
     whole = NodeTrace("d1", "llm_decode", "llm", "llm", "g", (), 32.0, 0.64, None, 16)  # 40 ms a token
     short = NodeTrace("d2", "llm_decode", "llm", "llm", "g", (), 32.0, 0.01, None, 30)  # made while others ran

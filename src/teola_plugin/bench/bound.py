@@ -8,7 +8,10 @@ node that returned it. The run becomes a :class:`~teola_plugin.sim.trace.QueryTr
 ``teola simulate`` replays), and :func:`trace_bound` computes, per graph run, the longest path
 through its graph with those durations (an expanded node costs its own handler time plus
 its sub-graph's critical path) and adds the query's time spent outside any graph (tracing,
-framework code between graphs), which no scheduler can overlap.
+framework code between graphs), which no scheduler can overlap. One correction: vLLM runs
+a stream on while the isolated run times the query's other primitives, so a decode's own
+wait can miss most of its tokens; a decode counts at least its tokens at the step of the
+query's decodes that were timed whole.
 
 With the runtime's cost model, :func:`trace_bound` also gives the *hardware-aware* bound:
 engines of one compute group take turns on the same hardware, so a query cannot finish
@@ -37,6 +40,7 @@ from ..ir.expansion import Expansion
 from ..ir.ops import Op
 from ..optimizer.cost import CostModel
 from ..runtime.handlers import PrimitiveHandlers
+from ..sim.durations import DECODE, decode_floor_s, recorded_decode_step
 from ..sim.trace import GraphTrace, QueryTrace, recorded_query
 
 if TYPE_CHECKING:
@@ -141,16 +145,18 @@ def _group_work_s(cost_model: CostModel, op: str, engine: str, kind: str, items:
     return duration_s * min(1.0, best / now)
 
 
-def _graph_bound(graph: GraphTrace, cost_model: CostModel | None) -> tuple[float, Counter[str]]:
+def _graph_bound(graph: GraphTrace, cost_model: CostModel | None,
+                 decode_step_s: float | None) -> tuple[float, Counter[str]]:
     """(critical path of the graph's isolated durations, each group's work): an expanded
     node costs its own time plus its sub-graph's critical path, and its sub-graph's work
-    joins the graph's."""
+    joins the graph's. A decode costs at least its tokens at ``decode_step_s``: vLLM runs a
+    stream on while the isolated run times other primitives, so its own wait can be short."""
     finish: dict[str, float] = {}
     groups: Counter[str] = Counter()  # update() adds: a child's work joins its parent's
     for node in graph.nodes:  # topological order
-        cost = node.measured_s or 0.0
+        cost = max(node.measured_s or 0.0, decode_floor_s(node, decode_step_s) if node.op == DECODE else 0.0)
         if node.expansion is not None:
-            sub_path, sub_groups = _graph_bound(node.expansion, cost_model)
+            sub_path, sub_groups = _graph_bound(node.expansion, cost_model, decode_step_s)
             cost += sub_path
             groups.update(sub_groups)
         finish[node.name] = cost + max((finish[p] for p in node.preds if p in finish), default=0.0)
@@ -164,8 +170,9 @@ def trace_bound(trace: QueryTrace, cost_model: CostModel | None = None) -> dict[
     """The bound of a recorded query: the sum of its top-level graph runs' critical paths
     plus its time outside them; with ``cost_model``, the hardware-aware bound beside it."""
     paths, groups = 0.0, Counter[str]()
+    step = recorded_decode_step([trace])  # this query's decodes that were timed whole
     for graph in trace.graphs:
-        path, work = _graph_bound(graph, cost_model)
+        path, work = _graph_bound(graph, cost_model, step)
         paths += path
         groups.update(work)
     outside = trace.outside_s

@@ -12,15 +12,14 @@ beside its measurement. :func:`predict` moves the same traces to a :class:`Deplo
 from __future__ import annotations
 
 import random
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..bench.metrics import latency_stats
 from ..capture import app_graphs
 from ..optimizer.cost import CostModel
 from ..optimizer.manager import PassManager
-from .durations import DECODE, Durations
+from .durations import Durations
 from .hardware import Deployment
 from .simulator import SYSTEMS, simulate
 from .trace import QueryTrace, graph_trace
@@ -45,17 +44,6 @@ def host_traces(traces: Sequence[QueryTrace], compute_groups: Mapping[str, str])
     if HOST_GROUP in compute_groups.values():
         return [t.regrouped({"cpu": HOST_GROUP}) for t in traces]
     return list(traces)
-
-
-def recorded_decode_step(traces: Iterable[QueryTrace], min_tokens: int = 8, min_step_s: float = 0.005) -> float | None:
-    """Seconds per token of the recorded decodes that were timed whole: the median over
-    decodes of at least ``min_tokens`` whose time per token is at least ``min_step_s``
-    (a decode whose tokens were mostly made while other primitives were being timed, as
-    a stream runs on in vLLM, shows a fraction of a millisecond per token)."""
-    steps = [n.measured_s / n.tokens for t in traces for g in t.graphs for n in g.all_nodes()
-             if n.op == DECODE and n.tokens and n.tokens >= min_tokens and n.measured_s
-             and n.measured_s / n.tokens >= min_step_s]
-    return statistics.median(steps) if steps else None
 
 
 def _error(predicted: float | None, measured: float | None) -> float | None:

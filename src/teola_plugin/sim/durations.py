@@ -19,11 +19,13 @@ single-sequence steps).
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from typing import Sequence
 
 from ..errors import ConfigError
 from ..optimizer.cost import CostModel
-from .trace import NodeTrace
+from .trace import NodeTrace, QueryTrace
 
 MODES = ("measured", "profile")
 DECODE = "llm_decode"
@@ -64,8 +66,7 @@ class Durations:
         if self.mode == "profile" or node.measured_s is None:
             return (node.tokens or max(1.0, node.items)) * step
         if self.target is self.source:
-            floor = (node.tokens - 1) * self.decode_step_s if node.tokens and self.decode_step_s else 0.0
-            return max(node.measured_s, floor)
+            return max(node.measured_s, decode_floor_s(node, self.decode_step_s))
         if node.tokens:
             return node.tokens * step
         before = _step(self.source, node, 1)
@@ -96,3 +97,20 @@ def _step(model: CostModel, node: NodeTrace, sequences: int) -> float:
     if model.profiled(node.engine, CONCURRENT_DECODE, node.kind):
         return model.latency(node.engine, CONCURRENT_DECODE, CONCURRENT_SEQ_TOKENS * n, node.kind) / CONCURRENT_SEQ_TOKENS
     return model.latency(node.engine, DECODE, CONCURRENT_SEQ_TOKENS, node.kind) / CONCURRENT_SEQ_TOKENS
+
+
+def recorded_decode_step(traces: Iterable[QueryTrace], min_tokens: int = 8, min_step_s: float = 0.005) -> float | None:
+    """Seconds per token of the recorded decodes that were timed whole: the median over
+    decodes of at least ``min_tokens`` whose time per token is at least ``min_step_s``
+    (a decode whose tokens were mostly made while other primitives were being timed, as
+    a stream runs on in vLLM, shows a fraction of a millisecond per token)."""
+    steps = [n.measured_s / n.tokens for t in traces for g in t.graphs for n in g.all_nodes()
+             if n.op == DECODE and n.tokens and n.tokens >= min_tokens and n.measured_s
+             and n.measured_s / n.tokens >= min_step_s]
+    return statistics.median(steps) if steps else None
+
+
+def decode_floor_s(node: NodeTrace, step_s: float | None) -> float:
+    """The least a recorded decode took: its tokens after the first (which came with the
+    prefill) at ``step_s``; 0 when either is unknown."""
+    return (node.tokens - 1) * step_s if node.tokens and step_s else 0.0

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..optimizer.cost import CostModel
-from .calibration import calibrate, predict, predict_paper_apps, recorded_decode_step
-from .durations import Durations
+from .calibration import calibrate, predict, predict_paper_apps
+from .durations import Durations, recorded_decode_step
 from .hardware import Deployment
 from .trace import QueryTrace
 from .what_if import best_rules, load_what_if, table
