@@ -158,9 +158,10 @@ class Bench:
             start = time.perf_counter()
             app.run(query, TEOLA_FULL)
             wall = time.perf_counter() - start
-            trace = recorded_query(self.handlers, wall, self.runtime.cost_model(), app.name, query.id)
+            cost = self.runtime.cost_model()
+            trace = recorded_query(self.handlers, wall, cost, app.name, query.id)
             # the trace is also what `teola simulate` replays (written to traces.json, not results.json)
-            return {"query": query.id, **trace_bound(trace, self.runtime.cost_model()), "trace": trace.to_dict()}
+            return {"query": query.id, **trace_bound(trace, cost), "trace": trace.to_dict()}
         except Exception as exc:
             return {"query": query.id, "error": f"{type(exc).__name__}: {exc}"}
         finally:

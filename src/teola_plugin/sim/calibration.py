@@ -38,12 +38,25 @@ def bench_arrivals(rate_qps: float, n: int, seed: int) -> list[float]:
     return out
 
 
+def bench_sweep(recorded: Sequence[QueryTrace], rate_qps: float, n: int,
+                seed: int) -> tuple[list[QueryTrace], list[float]]:
+    """A Poisson sweep as ``Bench._poisson`` runs it: the questions in turn, at its arrival times."""
+    return [recorded[i % len(recorded)] for i in range(n)], bench_arrivals(rate_qps, n, seed)
+
+
 def host_traces(traces: Sequence[QueryTrace], compute_groups: Mapping[str, str]) -> list[QueryTrace]:
     """Traces as the recorded machine ran them: CPU steps share the host's cores when the
     run put its engines on them."""
     if HOST_GROUP in compute_groups.values():
         return [t.regrouped({"cpu": HOST_GROUP}) for t in traces]
     return list(traces)
+
+
+def recorded_traces(results: Mapping[str, Any], traces: Mapping[str, list[Mapping[str, Any]]]
+                    ) -> dict[str, list[QueryTrace]]:
+    """traces.json's apps, read once: APP -> its questions' traces as the recorded machine ran them."""
+    groups = results.get("compute_groups", {})
+    return {name: host_traces([QueryTrace.from_dict(t) for t in rows], groups) for name, rows in traces.items()}
 
 
 def _error(predicted: float | None, measured: float | None) -> float | None:
@@ -59,15 +72,15 @@ def _row(predicted: list[float], measured: list[float]) -> dict[str, Any]:
             "error_mean": _error(p["mean_s"], m["mean_s"]), "error_p99": _error(p["p99_s"], m["p99_s"]), "n": m["n"]}
 
 
-def calibrate(results: Mapping[str, Any], traces: Mapping[str, list[Mapping[str, Any]]],
+def calibrate(results: Mapping[str, Any], traces: Mapping[str, list[QueryTrace]],
               durations: Durations) -> dict[str, Any]:
     """APP -> SYSTEM -> prediction beside measurement (closed loop), and APP ->
-    ``poisson`` -> one row per sweep; systems the simulator does not model are skipped."""
+    ``poisson`` -> one row per sweep; systems the simulator does not model are skipped.
+    ``traces``: :func:`recorded_traces`."""
     config = results.get("config", {})
     out: dict[str, Any] = {}
     for name, app in results["apps"].items():
-        recorded = host_traces([QueryTrace.from_dict(t) for t in traces.get(name, [])],
-                               results.get("compute_groups", {}))
+        recorded = traces.get(name, [])
         if not recorded:
             continue
         by_id = {t.query: t for t in recorded}
@@ -85,9 +98,8 @@ def calibrate(results: Mapping[str, Any], traces: Mapping[str, list[Mapping[str,
             if sweep["system"] not in SYSTEMS or not capacity or sweep.get("errors"):
                 continue
             rate = sweep["rate_multiple"] * (1.0 / capacity)  # as Bench.run_app computed it
-            n = int(config.get("poisson_queries", sweep["n"]))
-            arrivals = bench_arrivals(rate, n, int(config.get("seed", 0)))
-            order = [recorded[i % len(recorded)] for i in range(n)]
+            order, arrivals = bench_sweep(recorded, rate, int(config.get("poisson_queries", sweep["n"])),
+                                          int(config.get("seed", 0)))
             predicted = simulate(order, durations, SYSTEMS[sweep["system"]], arrivals)
             lat = latency_stats([p.latency_s for p in predicted])
             sweeps.append({"system": sweep["system"], "rate_multiple": sweep["rate_multiple"],
@@ -132,15 +144,15 @@ def predict_paper_apps(host: CostModel, deployment: Deployment | None) -> dict[s
     return out
 
 
-def predict(traces: Mapping[str, list[Mapping[str, Any]]], host: CostModel, deployment: Deployment,
-            compute_groups: Mapping[str, str]) -> dict[str, Any]:
-    """APP -> mean latency of plain-sequential and teola-full on ``deployment`` and the speedup."""
+def predict(traces: Mapping[str, list[QueryTrace]], host: CostModel, deployment: Deployment) -> dict[str, Any]:
+    """APP -> mean latency of plain-sequential and teola-full on ``deployment`` and the speedup
+    (``traces``: :func:`recorded_traces`)."""
     target = deployment_cost_model(host, deployment)
     durations = Durations("measured", host, target=target)
     groups = {**{"cpu": HOST_GROUP}, **deployment.compute_groups()}
     out: dict[str, Any] = {}
-    for name, rows in traces.items():
-        moved = [t.regrouped(groups) for t in host_traces([QueryTrace.from_dict(r) for r in rows], compute_groups)]
+    for name, recorded in traces.items():
+        moved = [t.regrouped(groups) for t in recorded]
         if not moved:
             continue
         means = {s: latency_stats([r.latency_s for r in simulate(moved, durations, SYSTEMS[s])])["mean_s"]

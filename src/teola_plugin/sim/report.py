@@ -10,10 +10,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..optimizer.cost import CostModel
-from .calibration import calibrate, predict, predict_paper_apps
+from .calibration import calibrate, predict, predict_paper_apps, recorded_traces
 from .durations import Durations, recorded_decode_step
 from .hardware import Deployment
-from .trace import QueryTrace
 from .what_if import best_rules, load_what_if, table
 
 # What the Ayo README reports measured (4x RTX 3090): plain LlamaIndex -> Ayo, mean latency in s.
@@ -46,8 +45,8 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
         raise ConfigError(f"{traces_path or results_path.with_name('traces.json')} holds no query traces: run "
                           "`teola bench` with the bound runs (not --no-bound)")
     host = CostModel.from_file(profile_path)
-    groups = results.get("compute_groups", {})
-    step = recorded_decode_step(QueryTrace.from_dict(t) for rows in traces.values() for t in rows)
+    parsed = recorded_traces(results, traces)
+    step = recorded_decode_step(t for rows in parsed.values() for t in rows)
     recorded = Durations("measured", host, decode_step_s=step)
     return {
         "command": command,
@@ -57,11 +56,11 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
                    "profile": str(profile_path)},
         "target": CALIBRATION_TARGET,
         "recorded_decode_step_s": step,
-        "calibration": calibrate(results, traces, recorded),
-        "calibration_profile_only": calibrate(results, traces, Durations("profile", host)),
-        "load_what_if": load_what_if(results, traces, recorded),
+        "calibration": calibrate(results, parsed, recorded),
+        "calibration_profile_only": calibrate(results, parsed, Durations("profile", host)),
+        "load_what_if": load_what_if(results, parsed, recorded),
         "predictions": {
-            d.name: {"deployment": text, "assumptions": d.assumptions(), "apps": predict(traces, host, d, groups),
+            d.name: {"deployment": text, "assumptions": d.assumptions(), "apps": predict(parsed, host, d),
                      "paper_apps": predict_paper_apps(host, d)}
             for text, d in ((t, parse_deployment(t)) for t in deployments)},
         "paper_apps_here": predict_paper_apps(host, None),

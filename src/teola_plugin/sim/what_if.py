@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..bench.metrics import latency_stats
-from .calibration import bench_arrivals, host_traces
+from .calibration import bench_sweep
 from .durations import Durations
 from .simulator import SYSTEMS, SystemModel, simulate
 from .trace import QueryTrace
@@ -28,22 +28,21 @@ VARIANTS = (
 )
 
 
-def load_what_if(results: Mapping[str, Any], traces: Mapping[str, list[Mapping[str, Any]]], durations: Durations,
+def load_what_if(results: Mapping[str, Any], traces: Mapping[str, list[QueryTrace]], durations: Durations,
                  rate_multiples: Sequence[float] = (1.0, 2.0, 3.0), queries: int = 24,
                  seed: int = 0) -> dict[str, Any]:
-    """APP -> one row per rate: each variant's mean and p99, and its p99 gain over plain-concurrent."""
+    """APP -> one row per rate: each variant's mean and p99, and its p99 gain over plain-concurrent
+    (``traces``: :func:`~teola_plugin.sim.calibration.recorded_traces`)."""
     out: dict[str, Any] = {}
     for name, app in results["apps"].items():
-        recorded = host_traces([QueryTrace.from_dict(t) for t in traces.get(name, [])],
-                               results.get("compute_groups", {}))
+        recorded = traces.get(name, [])
         capacity = app.get("systems", {}).get("plain-concurrent", {}).get("mean_s")
         if not recorded or not capacity:
             continue
         rows = []
         for mult in rate_multiples:
             rate = mult / capacity
-            order = [recorded[i % len(recorded)] for i in range(queries)]
-            arrivals = bench_arrivals(rate, queries, seed)
+            order, arrivals = bench_sweep(recorded, rate, queries, seed)
             stats = {v.name: latency_stats([r.latency_s for r in simulate(order, durations, v, arrivals)])
                      for v in VARIANTS}
             base = stats["plain-concurrent"]["p99_s"]
