@@ -60,8 +60,15 @@ def test_openai_like_query_engine_sends_plain_requests_and_answers_alike(
         mode, recording_proxy, squad_index, executor):
     llm = openai_like(recording_proxy.base_url, is_chat_model=mode == "chat", context_window=2048)
     engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, response_mode="tree_summarize")
+    specs_before = dict(executor.runtime.specs)
     app = executor.traced(engine)
     assert app.opaque == [], [str(n) for n in app.opaque]
+    # Tracing records the engines the graph needs and registers nothing; the run provides them.
+    assert executor.runtime.specs == specs_before
+    (served,) = app.engines.served
+    assert served.startswith("served:127.0.0.1:") and served not in executor.runtime.specs
+    (store,) = app.engines.local
+    assert app.engines.local[store].owner is squad_index.vector_store
     for question in QUESTIONS[:2]:
         plain = engine.query(question)
         sent_plain = recording_proxy.take()
@@ -74,7 +81,7 @@ def test_openai_like_query_engine_sends_plain_requests_and_answers_alike(
         assert bodies(sent_teola) == bodies(sent_plain)
     started = {name for name, spec in executor.runtime.specs.items()
                if spec.kwargs.get("base_url") == recording_proxy.base_url and name in executor.runtime.local_engines()}
-    assert len(started) == 1 and next(iter(started)).startswith("served:127.0.0.1:")
+    assert started == {served} and store in executor.runtime.local_engines()
 
 
 def test_openai_like_fusion_and_llm_rerank_are_lowered(recording_proxy, squad_index, executor):

@@ -3,8 +3,9 @@
 ``NotLowerable``: the one way a lowering rule declines. Raised before the rule emits
 anything, it makes the component run unchanged as one opaque step; its message is the
 reason ``explain()`` gives. ``ComponentNote``: one line of that explanation. ``Trace``:
-what tracing one app produces, a graph and its notes; each framework's trace adds what
-it needs to feed and read the graph.
+what tracing one app produces, a graph, its notes and the engines it needs that the runtime
+may not have yet (``EngineNeeds``: capture records them, the executor provides them); each
+framework's trace adds what it needs to feed and read the graph.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import PGraph
+from ..runtime.engine_needs import EngineNeeds
 
 
 class NotLowerable(Exception):
@@ -34,10 +36,12 @@ class ComponentNote:
 
 @dataclass
 class Trace:
-    """A traced app: its graph, and what explain() says about its components."""
+    """A traced app: its graph, what explain() says about its components, and the engines
+    to provide before it runs."""
 
     graph: PGraph
     notes: list[ComponentNote] = field(default_factory=list, kw_only=True)
+    engines: EngineNeeds = field(default_factory=EngineNeeds, kw_only=True)
 
     @property
     def opaque(self) -> list[ComponentNote]:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .common import ComponentNote, NotLowerable, Trace  # noqa: F401  (the rules import NotLowerable from here too)
-from ..engines.base import Engine
 from ..runtime.caller import as_the_caller_calls
 from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
@@ -125,7 +124,6 @@ class TracedApp(Trace):
 
     target: Any
     bound_inputs: dict[str, Any] = field(default_factory=dict)  # values fixed at trace time
-    local_engines: dict[str, Engine] = field(default_factory=dict)  # wrap the user's own objects
     # Set when synthesis streams: the graph outputs the nodes, then this builds the calls.
     streaming_synthesis: Any = None
     # Pending document ingestion this trace saw (capture/llama_index_ingest.py: Join).
@@ -219,7 +217,7 @@ class LlamaIndexTracer:
 
     def adopt(self, app: TracedApp, label: str) -> None:
         """A nested trace's engines, notes and pending documents become this trace's."""
-        self.traced.local_engines.update(app.local_engines)
+        self.traced.engines.update(app.engines)
         self.traced.ingestions.extend(app.ingestions)
         self.traced.notes.extend(dataclasses.replace(n, node=f"{label}/{n.node}") for n in app.notes)
 
@@ -303,7 +301,7 @@ class LlamaIndexTracer:
         if engine is not None or not is_served_embedding(embed_model):
             return engine, {}, why
         try:
-            served = self.ctx.runtime.served_engine(embedding_endpoint(embed_model))
+            served = self.traced.engines.served_engine(embedding_endpoint(embed_model))
         except NotLowerable as exc:
             return None, {}, str(exc)
         return served, {"embed_text": embed_model.get_query_embedding}, ""

@@ -47,7 +47,7 @@ from .lowerable import LLMCallSpec
 def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Ref:
     origin = type(fusion).__name__
     generates = fusion.num_queries > 1
-    spec = llm_call_spec(tr.ctx.runtime, fusion._llm) if generates else None
+    spec = llm_call_spec(tr.ctx.runtime, fusion._llm, tr.traced.engines) if generates else None
 
     inputs: dict[str, Ref] = {"query": tr.query}
     for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers

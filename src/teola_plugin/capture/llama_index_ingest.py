@@ -44,7 +44,7 @@ class Join:
 
     state: Any  # llama_index.pending_ingestion.PendingIngestion
     batches: list[Any]  # its PendingBatch list as the trace saw it
-    engine: Any  # LlamaIndexStoreEngine; None: not joined (flushed before the graph runs)
+    engine: str | None  # the LlamaIndexStoreEngine's name; None: not joined (flushed before the graph runs)
     index_name: str
     join_id: str = ""
     claim: Any = None  # the run's Claim, taken at plan time
@@ -98,7 +98,6 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     if embedder is None or any(n.embedding is not None for n in nodes) or earlier is not None:
         tr.traced.ingestions.append(Join(state, batches, None, ""))
         return index
-    engine = tr.traced.local_engines[engine_name]
     name = tr.graph.unique_name("ingest")
     texts = tr.bind_input(f"{name}_texts", [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes],
                           PortType.TEXTS)
@@ -113,5 +112,5 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     insert = tr.graph.add(Op.VECTOR_INSERT, name=f"{name}_insert",
                           inputs={"index": index, "vectors": embed.out("vectors"), "docs": docs},
                           engine=engine_name, attrs={"est_items": len(nodes)}, origin="VectorStoreIndex")
-    tr.traced.ingestions.append(Join(state, batches, engine, handle.name, join_id, inserted=insert.out("index")))
+    tr.traced.ingestions.append(Join(state, batches, engine_name, handle.name, join_id, inserted=insert.out("index")))
     return insert.out("index")

@@ -27,6 +27,7 @@ from llama_index.core.indices.list.retrievers import SummaryIndexRetriever
 from llama_index.core.schema import QueryBundle
 
 from ..ir.node import Ref
+from ..runtime.engine_needs import EngineNeeds
 from .llama_index import RETRIEVER_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .embedder_identity import embedder_serving
 from .llama_index_served import ServedRequests, is_served_llm
@@ -104,9 +105,9 @@ def lower_document_summary_retriever(tr: LlamaIndexTracer, retriever: DocumentSu
 
 
 # -- LLMs --------------------------------------------------------------------------------------
-def llm_call_spec(runtime: Any, llm: Any) -> LLMCallSpec:
+def llm_call_spec(runtime: Any, llm: Any, needs: EngineNeeds) -> LLMCallSpec:
     """How ``llm``'s calls run on one of ``runtime``'s engines, or raise ``NotLowerable``
-    saying why they cannot."""
+    saying why they cannot; a model server's engine is recorded in ``needs``."""
     from llama_index.core.llms.structured_llm import StructuredLLM
 
     if isinstance(llm, LowerableLLM) and not isinstance(llm, StructuredLLM):
@@ -119,7 +120,7 @@ def llm_call_spec(runtime: Any, llm: Any) -> LLMCallSpec:
     if type(llm).__name__ == "Vllm" and type(llm).__module__.startswith("llama_index.llms.vllm"):
         return VllmRequests.for_runtime(runtime, llm).call_spec()
     if is_served_llm(llm):
-        return ServedRequests.for_runtime(runtime, llm).call_spec()
+        return ServedRequests.for_model(llm, needs).call_spec()
     raise NotLowerable(f"its LLM {type(llm).__name__} is not served by a Teola engine (TeolaLLM, Vllm, "
                        "OpenAI / OpenAILike are)")
 

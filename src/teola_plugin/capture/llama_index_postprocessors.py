@@ -53,7 +53,7 @@ from .vllm_identity import same_model
 
 @lowering_rule(POSTPROCESSOR_RULES, LLMRerank)
 def lower_llm_rerank(tr: LlamaIndexTracer, rerank: LLMRerank, nodes: Ref) -> Ref:
-    planner = LLMRerankPlanner(rerank, llm_call_spec(tr.ctx.runtime, rerank.llm), tr.ctx.prepare_expansion)
+    planner = LLMRerankPlanner(rerank, llm_call_spec(tr.ctx.runtime, rerank.llm, tr.traced.engines), tr.ctx.prepare_expansion)
     ref = tr.cpu_step("llm_rerank", planner, {"nodes": nodes, "query": tr.query}, type(rerank).__name__, pure=False)
     tr.note(ref.node, rerank, "expands", "expands at run time into one independent prompt -> llm_prefill -> "
             f"llm_decode chain per batch of {rerank.choice_batch_size} nodes, then LLMRerank's own parse and sort")

@@ -48,7 +48,7 @@ def lower_router(tr: LlamaIndexTracer, router: RouterQueryEngine) -> dict[str, R
     origin = type(router).__name__
     engines = EngineGraphs(tr, dict(enumerate(router._query_engines)), "choice")
     try:
-        summarizer = synthesis_planner(tr.ctx, router._summarizer)
+        summarizer = synthesis_planner(tr.ctx, router._summarizer, tr.traced.engines)
     except NotLowerable:
         summarizer = None  # combine_responses runs as it is
     if summarizer is not None and summarizer.streaming:
@@ -68,7 +68,7 @@ def _selection(tr: LlamaIndexTracer, router: RouterQueryEngine, origin: str) -> 
     selector, choices = router._selector, router._metadatas
     if type(selector) in (LLMSingleSelector, LLMMultiSelector):
         try:
-            spec = llm_call_spec(tr.ctx.runtime, selector._llm)
+            spec = llm_call_spec(tr.ctx.runtime, selector._llm, tr.traced.engines)
         except NotLowerable as exc:
             why = f"selection: {exc}"
         else:

@@ -40,6 +40,7 @@ from ..engines.llama_index_store import LlamaIndexStoreEngine
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+from ..runtime.engine_needs import EngineNeeds
 from ..runtime.values import IndexHandle
 from .llama_index import (
     POSTPROCESSOR_RULES,
@@ -104,11 +105,11 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
     # One engine per store and runtime: a second executor on the runtime must bind on the
     # engine that serves the store. It goes when the store is collected (an index built per
     # request is not kept), before the store's id, and so the name, can be reused.
-    engine = tr.ctx.runtime.shared_local_engine(name, lambda: LlamaIndexStoreEngine(store, name=name),
-                                                owner=store)
-    tr.traced.local_engines[engine.name] = engine
-    index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", IndexHandle(engine.bind(retriever)), PortType.INDEX)
-    return join_pending(tr, retriever, index, engine.name), engine.name
+    tr.traced.engines.local_engine(name, lambda: LlamaIndexStoreEngine(store, name=name), owner=store,
+                                   bind=retriever)
+    handle = IndexHandle(LlamaIndexStoreEngine.index_name(retriever))
+    index = tr.bind_input(f"index_{len(tr.traced.bound_inputs)}", handle, PortType.INDEX)
+    return join_pending(tr, retriever, index, name), name
 
 
 @lowering_rule(RETRIEVER_RULES, VectorIndexRetriever)
@@ -139,7 +140,7 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
 
 @lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
-    planner = synthesis_planner(tr.ctx, synthesizer)
+    planner = synthesis_planner(tr.ctx, synthesizer, tr.traced.engines)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes
         tr.traced.streaming_synthesis = planner
         tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
@@ -150,13 +151,13 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
     return ref
 
 
-def synthesis_planner(ctx: TraceContext, synthesizer: Any) -> SynthesisPlanner:
-    """What plans ``synthesizer``'s LLM calls at run time; ``NotLowerable`` when its type has
-    no rule or this instance cannot be lowered."""
+def synthesis_planner(ctx: TraceContext, synthesizer: Any, needs: EngineNeeds) -> SynthesisPlanner:
+    """What plans ``synthesizer``'s LLM calls at run time (its engine recorded in ``needs``);
+    ``NotLowerable`` when its type has no rule or this instance cannot be lowered."""
     if type(synthesizer) not in SYNTHESIZER_RULES:
         raise NotLowerable(f"no lowering rule for the response synthesizer {type(synthesizer).__name__}")
     llm = synthesizer._llm
-    spec = llm_call_spec(ctx.runtime, llm)
+    spec = llm_call_spec(ctx.runtime, llm, needs)
     # The plugin's own model streams engine tokens; a framework model's lowered call streams
     # only when its own streaming request is known (a served model's ``stream=True``).
     if not isinstance(llm, LowerableLLM) and synthesizer._streaming and not spec.streamed_request:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime.engine_needs import EngineNeeds
 from .common import NotLowerable
 from .lowerable import DEFAULT_MAX_TOKENS, LLMCallSpec
 from .served_models import UnreproducibleClient, installed_classes, server_endpoint
@@ -33,7 +34,8 @@ class ServedRequests:
         self.engine = engine
 
     @classmethod
-    def for_runtime(cls, runtime: Any, llm: Any) -> ServedRequests:
+    def for_model(cls, llm: Any, needs: EngineNeeds) -> ServedRequests:
+        """``llm``'s requests, sent by the engine of its server (recorded in ``needs``)."""
         name = type(llm).__name__
         if getattr(llm, "modalities", None) and "audio" in llm.modalities:
             raise NotLowerable(f"{name} with audio modalities")
@@ -41,7 +43,7 @@ class ServedRequests:
             endpoint = server_endpoint(**llm._get_credential_kwargs(is_async=True))
         except UnreproducibleClient as exc:
             raise NotLowerable(f"{name}: {exc}") from None
-        return cls(llm, runtime.served_engine(endpoint))
+        return cls(llm, needs.served_engine(endpoint))
 
     def engine_prompt(self, template: Any, /, **prompt_args: Any) -> dict[str, Any]:
         """The body ``llm.predict(template, **prompt_args)`` sends."""

@@ -46,7 +46,7 @@ def lower_sub_question_engine(tr: LlamaIndexTracer, engine: SubQuestionQueryEngi
     origin = type(engine).__name__
     synthesizer = engine._response_synthesizer
     try:
-        planner = synthesis_planner(tr.ctx, synthesizer)
+        planner = synthesis_planner(tr.ctx, synthesizer, tr.traced.engines)
     except NotLowerable as exc:
         planner, why = None, str(exc)
     if planner is not None and planner.streaming:
@@ -75,7 +75,7 @@ def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, o
     metadatas = engine._metadatas
     if type(generator) is LLMQuestionGenerator:
         try:
-            spec = llm_call_spec(tr.ctx.runtime, generator._llm)
+            spec = llm_call_spec(tr.ctx.runtime, generator._llm, tr.traced.engines)
         except NotLowerable as exc:
             why = f"question generation: {exc}"
         else:

@@ -32,7 +32,7 @@ def lower_transform_query_engine(tr: LlamaIndexTracer, engine: TransformQueryEng
     transform = engine._query_transform
     if type(transform) is not HyDEQueryTransform:
         raise NotLowerable(f"query transform {type(transform).__name__} (lowered: HyDEQueryTransform)")
-    spec = llm_call_spec(tr.ctx.runtime, transform._llm)  # NotLowerable: the engine runs as it is
+    spec = llm_call_spec(tr.ctx.runtime, transform._llm, tr.traced.engines)  # NotLowerable: the engine runs as it is
     inner = EngineGraphs(tr, {"inner": engine._query_engine}, "query engine")
     origin = type(transform).__name__
     hyde = PredictAndParse(transform._llm, spec, transform._hyde_prompt,

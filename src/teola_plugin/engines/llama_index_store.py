@@ -46,12 +46,17 @@ class LlamaIndexStoreEngine(Engine):
     def vector_store(self) -> Any:
         return self._store()
 
+    @staticmethod
+    def index_name(retriever: Any) -> str:
+        """The index name :meth:`bind` gives ``retriever`` (known before the engine exists)."""
+        return f"retriever-{id(retriever):x}"
+
     def bind(self, retriever: Any) -> str:
         """Route searches on the returned index name through ``retriever``'s query settings
         (while the retriever lives: the query's plan holds it)."""
         if retriever._vector_store is not self.vector_store:
             raise EngineInputError(f"engine {self.name!r}: the retriever searches another vector store")
-        index = f"retriever-{id(retriever):x}"
+        index = self.index_name(retriever)
         with self._bind_lock:
             for name in [n for n, ref in self._retrievers.items() if not ref.alive()]:
                 del self._retrievers[name]  # a collected retriever's id may be reused

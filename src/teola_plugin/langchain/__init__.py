@@ -14,7 +14,7 @@ from .embeddings import TeolaEmbeddings
 from .models import TeolaChatModel, TeolaLLM
 from .reranker import TeolaReranker
 from .runnable import TeolaRunnable
-from .vector_store import FrameworkVectorStoreEngine
+from ..engines.langchain_store import FrameworkVectorStoreEngine
 
 served_calls.install()
 

@@ -3,7 +3,7 @@
 ``TeolaRunnable`` keeps one plan per input layout (see ``InputLayout``): tracing and
 optimizing happen once, every later call only executes. ``SubPlans`` does the same at
 run time for the sub-chains of ``RunnableEach`` / ``RunnableBranch`` (the tracer's
-``SubPlanner``): one plan per (sub-chain, input layout), its stores served before it runs.
+``SubPlanner``): one plan per (sub-chain, input layout), its engines provided before it runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
 from ..served_calls import EXPLAIN_ROUTED, routing_served_calls
-from .vector_store import FrameworkVectorStoreEngine
 
 
 @dataclass
@@ -45,22 +44,17 @@ class ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
         cost = cost_model or (runtime.cost_model() if runtime is not None else None)
         return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost),
-                   _uses_engines(trace.graph, sub_plans, {engine for engine, _ in trace.stores.values()}))
+                   _uses_engines(trace.graph, sub_plans, set(trace.stores.values())))
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
         return self.trace.feed(input)
-
-    async def serve_stores(self, runtime: Runtime) -> None:
-        for engine, store in self.trace.stores.values():
-            # dropped when the user's store is collected (the name holds its id)
-            await runtime.add_local_engine(engine, FrameworkVectorStoreEngine(store, name=engine), owner=store)
 
     async def execute(self, runtime: Runtime, input: Any, *, timeout_s: float | None = None,
                       on_token: Callable[[str], None] | None = None,
                       on_field: Callable[[str, Any], None] | None = None) -> Any:
         """Run one call on the runtime loop; ``on_token`` receives the output's text deltas,
         ``on_field`` a dict output's other fields (key, value) as each is ready."""
-        await self.serve_stores(runtime)
+        await runtime.provide(self.trace.engines)  # its stores' and model servers' engines
         tokens = self.trace.output.tokens_from
 
         def field_ready(name: str, value: Any) -> None:
@@ -134,15 +128,11 @@ class SubPlans:
     def engine_specs(self) -> Mapping[str, Any]:
         return self.runtime.specs
 
-    def served_engine(self, endpoint: Any) -> str:
-        """The runtime's engine for a model server (``ServerEndpoint``), configured on first use."""
-        return self.runtime.served_engine(endpoint)
-
     async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
         """Called by an expanding primitive on the runtime loop; tracing runs off the loop."""
         layout = InputLayout.of(input)
         with self._lock:
             known = self._plans.get((id(runnable), layout))
         plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
-        await plan.serve_stores(self.runtime)
+        await self.runtime.provide(plan.trace.engines)
         return plan.graph, plan.graph_inputs(input), text_tokens(plan.trace.output)

@@ -34,6 +34,7 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.chat_engine.types import BaseChatEngine
 from llama_index.core.schema import QueryBundle
 
+from ..capture.common import Trace
 from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
 from ..capture.llama_index_models import embedder_engine_for, llm_call_spec
 from ..capture.llama_index_rules import synthesis_planner
@@ -43,6 +44,7 @@ from ..ir.graph import PGraph
 from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
 from ..runtime.caller import calling_from
+from ..runtime.engine_needs import EngineNeeds
 from ..runtime.framework_threads import in_framework_thread
 from ..runtime.graph_scheduler import check_timeout
 from ..served_calls import EXPLAIN_ROUTED, embedding_calls
@@ -352,16 +354,17 @@ class TeolaExecutor:
     async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         claims = [j for j in app.ingestions if j.claim is not None]
         try:
-            for name, engine in app.local_engines.items():  # the user's own stores, served in-process
-                await self.runtime.add_local_engine(name, engine)
+            engines = await self.runtime.provide(app.engines)  # the user's own stores, served in-process
             for j in claims:
-                j.engine.expect(j.join_id, j.claim)
+                engines[j.engine].expect(j.join_id, j.claim)
             self.last_query_id = query_id  # the latest started (for a look at its timeline)
             return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
                                               timeout_s=self.timeout_s)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
-                j.engine.forget(j.join_id, j.claim)
+                engine = self.runtime.local_engines().get(j.engine)
+                if engine is not None:
+                    engine.forget(j.join_id, j.claim)
                 j.claim.release()
 
     # -- chat engines: their own code (memory, condensing, prompts), their calls on Teola ----------
@@ -402,7 +405,7 @@ class TeolaExecutor:
         llm = getattr(engine, "_llm", None)
         if llm is not None and hasattr(engine, "_get_response_synthesizer"):  # answers through a synthesizer
             try:
-                llm_call_spec(self.runtime, llm)
+                llm_call_spec(self.runtime, llm, EngineNeeds())  # asked, not run
                 lines.append(f"  - the answer's LLM calls ({type(llm).__name__}): lowered (the synthesizer's calls)")
             except NotLowerable as exc:
                 lines.append(f"  - the answer's LLM calls: LlamaIndex's own ({exc})")
@@ -464,16 +467,17 @@ class TeolaExecutor:
             return AsyncStreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
         return StreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
 
-    def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool) -> Any:
-        """Run ``graph`` now; a (sync or async) generator of the tokens of its ``stream``
-        output's decode. A failure of the run surfaces where the stream is read; a stream
-        abandoned early stops the run."""
+    def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool,
+                      engines: EngineNeeds | None = None) -> Any:
+        """Run ``graph`` now (``engines`` provided first); a (sync or async) generator of the
+        tokens of its ``stream`` output's decode. A failure of the run surfaces where the
+        stream is read; a stream abandoned early stops the run."""
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         self.last_query_id = query_id
         future = self.runtime.submit(self.runtime.execute(
             graph, {}, query_id=query_id, timeout_s=self._left(started), on_token=tokens.put,
-            token_nodes=token_nodes))
+            token_nodes=token_nodes, engines=engines))
         future.add_done_callback(lambda _: tokens.put(_END))
 
         def token_gen() -> Iterator[str]:
@@ -499,35 +503,37 @@ class TeolaExecutor:
         """``synthesizer.get_response(query_str, text_chunks)`` computed on Teola's engines:
         the answer text, or a token generator when the synthesizer streams; ``None`` when
         Teola does not lower it (the caller runs its own code)."""
-        graph = self._answer_graph(synthesizer, query_str, text_chunks)
-        if graph is None:
+        answer = self._answer_trace(synthesizer, query_str, text_chunks)
+        if answer is None:
             return None
         query_id, started = _new_query_id(), time.monotonic()
         if synthesizer._streaming:
-            return self._token_stream(graph, query_id, started, async_=False)
-        return self.runtime.run_sync(self._run_graph(graph, query_id))
+            return self._token_stream(answer.graph, query_id, started, async_=False, engines=answer.engines)
+        return self.runtime.run_sync(self._run_answer(answer, query_id))
 
     async def aanswer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-        graph = self._answer_graph(synthesizer, query_str, text_chunks)
-        if graph is None:
+        answer = self._answer_trace(synthesizer, query_str, text_chunks)
+        if answer is None:
             return None
         query_id, started = _new_query_id(), time.monotonic()
         if synthesizer._streaming:
-            return self._token_stream(graph, query_id, started, async_=True)
-        return await self.runtime.run_async(self._run_graph(graph, query_id))
+            return self._token_stream(answer.graph, query_id, started, async_=True, engines=answer.engines)
+        return await self.runtime.run_async(self._run_answer(answer, query_id))
 
-    def _answer_graph(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> PGraph | None:
+    def _answer_trace(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Trace | None:
         if not text_chunks or not isinstance(query_str, str):  # LlamaIndex's own answer and errors
             return None
+        needs = EngineNeeds()
         try:
-            planner = synthesis_planner(self._trace_context(), synthesizer)
+            planner = synthesis_planner(self._trace_context(), synthesizer, needs)
         except NotLowerable:
             return None
-        return planner.answer_graph(query_str, list(text_chunks))
+        return Trace(planner.answer_graph(query_str, list(text_chunks)), engines=needs)
 
-    async def _run_graph(self, graph: PGraph, query_id: str) -> Any:
+    async def _run_answer(self, answer: Trace, query_id: str) -> Any:
         self.last_query_id = query_id
-        outputs = await self.runtime.execute(graph, {}, query_id=query_id, timeout_s=self.timeout_s)
+        outputs = await self.runtime.execute(answer.graph, {}, query_id=query_id, timeout_s=self.timeout_s,
+                                             engines=answer.engines)
         return outputs["out"]
 
 
@@ -563,7 +569,7 @@ def _flush_read_stores(app: TracedApp, joined: list[Any]) -> None:
     states = pending_states()
     if not states:
         return
-    read = {id(e.vector_store) for e in app.local_engines.values() if hasattr(e, "vector_store")}
+    read = {id(need.owner) for need in app.engines.local.values()}  # the stores it searches
     mine = {id(j.state) for j in joined}
     for state in states:
         if id(state) not in mine and id(getattr(state.index, "_vector_store", None)) in read:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
+from .engine_needs import EngineNeeds
 from .engine_starts import SharedStarts, not_started_message, start_problem
 from .engine_tuning import tuned
 from .graph_scheduler import GraphRun, check_timeout
@@ -406,6 +407,22 @@ class Runtime:
                     self.drop_local_engine_with(owner, name)
         return self._pools[name]
 
+    async def provide(self, needs: EngineNeeds) -> dict[str, Any]:
+        """Make the engines a traced graph needs (``needs``, recorded by capture) ready to
+        run it: model-server engines configured (they start with the first query that
+        uses them), in-process engines built once per name, bound to their retrievers and
+        served. Returns the in-process engine objects by name."""
+        with self._start_lock:
+            for name, spec in needs.served.items():
+                self.specs.setdefault(name, spec)
+        engines = {}
+        for name, need in needs.local.items():
+            engine = engines[name] = self.shared_local_engine(name, need.make, need.owner)
+            for retriever in need.binds:
+                engine.bind(retriever)
+            await self.add_local_engine(name, engine)
+        return engines
+
     def served_engine(self, endpoint: Any) -> str:
         """The name of the engine that sends requests to ``endpoint`` (a
         :class:`~teola_plugin.engines.llm_served.ServerEndpoint`), configured on first use.
@@ -496,16 +513,20 @@ class Runtime:
         token_nodes: frozenset[str] = frozenset(),
         on_output: Callable[[str, Any], None] | None = None,
         stream_llm_calls: bool = False,
+        engines: EngineNeeds | None = None,
     ) -> dict[str, Any]:
         """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async).
         ``on_token`` receives the text deltas of ``token_nodes``; ``on_output`` each graph
         output as soon as it is ready (name, value); ``stream_llm_calls`` sends every LLM call
-        as a streaming request (a framework's callbacks hear its tokens)."""
+        as a streaming request (a framework's callbacks hear its tokens); ``engines`` (its
+        trace's needs) are provided first."""
         if not isinstance(graph, PGraph):
             raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
         if not isinstance(inputs, Mapping):
             raise TypeError(f"execute takes the graph inputs as a dict, got {type(inputs).__name__}")
         timeout_s = check_timeout(timeout_s)
+        if engines:
+            await self.provide(engines)
         needed = self.engines_for(graph)
         for name in needed & set(self._stand_ins):  # a failed start behind a stand-in is retried
             self._start_behind(name)

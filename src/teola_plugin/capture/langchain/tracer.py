@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...engines.langchain_store import FrameworkVectorStoreEngine
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive, Ref
 from ...ir.ops import Op
 from ...ir.ports import PortType
 from ...runtime.caller import as_the_caller_calls
+from ...runtime.engine_needs import EngineNeeds
 from ..common import ComponentNote, NotLowerable, Trace
 from ..module_order import ModuleOrder
 from ..opaque_warnings import OpaqueWarnings
@@ -130,7 +132,7 @@ class LangChainTrace(Trace):
 
     layout: InputLayout
     output: OutputShape
-    stores: dict[str, tuple[str, Any]] = field(default_factory=dict)  # graph input -> (engine, store)
+    stores: dict[str, str] = field(default_factory=dict)  # graph input -> the engine serving that store
     # Every lowered call's stream is its text's tokens (what a graph run streams); False: one
     # streams more (tool-call chunks), so a streamed call runs the chain as it is.
     streams_text: bool = True
@@ -140,7 +142,7 @@ class LangChainTrace(Trace):
         from ...runtime.values import IndexHandle
 
         feed = self.layout.feed(input)
-        feed.update({name: IndexHandle(engine) for name, (engine, _) in self.stores.items()})
+        feed.update({name: IndexHandle(engine) for name, engine in self.stores.items()})
         return feed
 
 
@@ -161,10 +163,6 @@ class SubPlanner(Protocol):
         graph's output ``"output"`` is ``runnable.invoke(input)``."""
         ...
 
-    def served_engine(self, endpoint: Any) -> str:
-        """The engine name that sends a model server's requests (``ServerEndpoint``)."""
-        ...
-
     def engine_specs(self) -> Mapping[str, Any]:
         """The runtime's engine specs (what each engine serves), read without starting any."""
         ...
@@ -180,9 +178,6 @@ class TraceOnlyPlanner:
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
         return trace.graph, trace.feed(input), text_tokens(trace.output)
 
-    def served_engine(self, endpoint: Any) -> str:
-        return endpoint.engine_name()  # nothing runs: the name alone
-
     def engine_specs(self) -> Mapping[str, Any]:
         return {}  # no runtime: framework models are not mapped onto engines
 
@@ -194,7 +189,8 @@ class LangChainTracer:
         self.planner: SubPlanner = planner or TraceOnlyPlanner(self.engine_models)
         self.graph = PGraph(name)
         self.order = ModuleOrder(self.graph)
-        self.stores: dict[str, tuple[str, Any]] = {}
+        self.stores: dict[str, str] = {}  # graph input -> the engine serving that store
+        self.engines = EngineNeeds()  # served models' engines and the stores' (provided before a run)
         self.notes: list[ComponentNote] = []
         self.streams_text = True  # every lowered call streams as its model does (see LangChainTrace)
         self._materialised: dict[int, tuple[Value, Ref]] = {}
@@ -233,11 +229,13 @@ class LangChainTracer:
         """A graph input carrying the INDEX handle of the user's own vector store, and the
         engine name it is served under (one per store object)."""
         engine = f"langchain_store_{id(store):x}"
-        for name, (known, _) in self.stores.items():
+        for name, known in self.stores.items():
             if known == engine:
                 return Ref("input", name), engine
         name = f"__store_{len(self.stores)}"
-        self.stores[name] = (engine, store)
+        self.stores[name] = engine
+        # dropped when the user's store is collected (the name holds its id)
+        self.engines.local_engine(engine, lambda: FrameworkVectorStoreEngine(store, name=engine), owner=store)
         return self.graph.input(name, PortType.INDEX), engine
 
     # -- lowering --------------------------------------------------------------------------
@@ -349,7 +347,8 @@ class LangChainTracer:
             shape = self._record_shape(value)
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
-        return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, notes=list(self.notes))
+        return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, notes=list(self.notes),
+                              engines=self.engines)
 
 
 def _streams(value: Value) -> OutputShape:

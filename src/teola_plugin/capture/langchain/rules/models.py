@@ -67,7 +67,7 @@ def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None,
               call_kwargs: Mapping[str, Any] | None = None) -> LLMCallSpec:
     """The engine call ``model.invoke(..., stop=stop, **call_kwargs)`` makes; NotLowerable if unknown."""
     if is_served_model(model):
-        return served_call_spec(model, t.planner.served_engine, stop, call_kwargs)
+        return served_call_spec(model, t.engines.served_engine, stop, call_kwargs)
     if call_kwargs:
         raise NotLowerable(f"bound model arguments {sorted(call_kwargs)} (only stop is lowered, and a served "
                            "chat model's tools)")

@@ -62,7 +62,7 @@ def embedding_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
             return own_embedding(embeddings, str(why))
     if is_served_embedding(embeddings):
         try:
-            engine = t.planner.served_engine(embedding_endpoint(embeddings))
+            engine = t.engines.served_engine(embedding_endpoint(embeddings))
         except NotLowerable as why:
             return own_embedding(embeddings, str(why))
         return EmbeddingCall(engine, embed_text=embeddings.embed_query, model=embeddings)

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..engines.base import Engine
-from ..engines.user_object import UserObjectRef
+from .base import Engine
+from .user_object import UserObjectRef
 from ..runtime.values import StoreSearch
 
 
