@@ -11,6 +11,7 @@ from langchain_core.prompts import PromptTemplate
 from teola_plugin.capture.langchain import InputLayout, trace_runnable
 from teola_plugin.capture.llama_index import NotLowerable
 from teola_plugin.capture.llama_index_models import embedder_engine_for, llm_call_spec
+from teola_plugin.runtime.engine_needs import EngineNeeds
 from teola_plugin.langchain import TeolaChatModel as LangChainChat
 from teola_plugin.langchain import TeolaLLM as LangChainLLM
 from teola_plugin.llama_index import TeolaEmbedding, TeolaLLM
@@ -29,8 +30,8 @@ def test_llama_index_llm_subclass_overriding_complete_is_not_lowered():
             return "Renamed"
 
     with pytest.raises(NotLowerable, match="overrides complete"):
-        llm_call_spec(RUNTIME, Shouting(runtime=RUNTIME))
-    assert llm_call_spec(RUNTIME, Renamed(runtime=RUNTIME)).engine == "llm"
+        llm_call_spec(RUNTIME, Shouting(runtime=RUNTIME), EngineNeeds())
+    assert llm_call_spec(RUNTIME, Renamed(runtime=RUNTIME), EngineNeeds()).engine == "llm"
 
 
 def test_llama_index_embedding_subclass_overriding_the_query_embedding_is_not_lowered():
