@@ -329,6 +329,61 @@ def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(m
     assert generation.response.usage.completion_tokens == 4
 
 
+def test_a_servers_prefix_cache_is_detected_and_a_chat_prompts_prefix_warmed_up(recording_proxy, runtime):
+    """Prefill splitting on a model server, as users write the chain (a chat template with a
+    long system prompt, ``ChatOpenAI``): declined while the server's prefix cache is unknown;
+    once its engine detected it (vLLM's metrics: on, 128-token blocks on the CPU), the
+    warm-up is the framework's own request body cut before the retrieved context, with one
+    token to generate, and the full request (plain's body) finds the prefix in the cache."""
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_core.runnables import RunnablePassthrough
+    from langchain_huggingface import HuggingFaceEmbeddings
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.langchain import TeolaRunnable
+    from teola_plugin.optimizer.cost import CostModel
+
+    system = (f"Session {uuid.uuid4()}. You answer questions about the given context in one short "
+              "sentence, without adding facts the context does not state. " * 12)  # ~300 tokens, fresh
+    prompt = ChatPromptTemplate.from_messages([("system", system),
+                                               ("human", "Question: {question}\nContext:\n{context}\nAnswer:")])
+    store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:8]],
+                                           HuggingFaceEmbeddings(model_name=str(default_model_path())))
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=8)
+    chain = {"context": store.as_retriever(search_kwargs={"k": 1}) | (lambda docs: docs[0].page_content),
+             "question": RunnablePassthrough()} | prompt | llm
+
+    unknown = TeolaRunnable(chain, runtime=runtime)
+    assert "not known to cache prefixes" in unknown.explain(QUESTIONS[0])
+    unknown.invoke(QUESTIONS[0])  # starts the server's engine, which asks the server's metrics
+    (served,) = [name for name in runtime.local_engines() if name.startswith("served:") and
+                 runtime.local_engines()[name].base_url == recording_proxy.base_url]
+    cache = runtime.local_engines()[served].prefix_cache
+    assert (cache.enabled, cache.block_tokens) == (True, 128), cache.how
+    assert runtime.cost_model().prefix_cache(served) == cache
+
+    # the unlimited-engines model (retrieval elsewhere), so that the warm-up pays off
+    warmed = TeolaRunnable(chain, runtime=runtime, cost_model=CostModel.default().with_prefix_caches({served: cache}))
+    assert "prefilled early" in warmed.explain(QUESTIONS[1])
+    recording_proxy.take()
+    teola = warmed.invoke(QUESTIONS[1])
+    sent_teola = [b for path, b in recording_proxy.take() if path == "/v1/chat/completions"]
+    plain = chain.invoke(QUESTIONS[1])
+    sent_plain = [b for path, b in recording_proxy.take() if path == "/v1/chat/completions"]
+    (warm_up,) = [b for b in sent_teola if b.get("max_tokens") == 1]
+    (full,) = [b for b in sent_teola if b is not warm_up]
+    assert [full] == sent_plain  # the framework's own request, unchanged
+    system_msg, human = warm_up["messages"]
+    assert system_msg == full["messages"][0] and human["content"] == f"Question: {QUESTIONS[1]}\nContext:\n"
+    length = ("messages", "max_tokens", "max_completion_tokens", "stream")  # the rest is the request's own
+    assert {k: v for k, v in warm_up.items() if k not in length} == {k: v for k, v in full.items() if k not in length}
+    assert teola.usage_metadata["input_token_details"]["cache_read"] >= 128  # the warm-up's blocks
+    assert teola.content == plain.content
+
+
 def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(recording_proxy, squad_index, executor,
                                                                             runtime):
     from langchain_core.output_parsers import StrOutputParser

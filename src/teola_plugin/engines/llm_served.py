@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from ..errors import EngineInputError
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
+from .server_features import PrefixCache, detect_prefix_cache
 
 # Set on the engine's own SDK client: its requests are the engine's, never routed again
 # (``served_calls.openai_sdk`` routes SDK calls made by framework code to this engine).
@@ -103,6 +104,8 @@ class OpenAICompatibleEngine(LLMEngine):
         self.max_retries = max_retries
         self._client: Any = None
         self.relayed = 0  # requests relayed for framework code run as is (``relay``)
+        # detected when the engine starts (server_features): what prefill splitting may build on
+        self.prefix_cache = PrefixCache(None, 0, "not detected yet (the engine has not started)")
 
     # -- lifecycle: a client, not a model (nothing to load; the server may start later) ------
     async def _load(self) -> None:
@@ -116,6 +119,8 @@ class OpenAICompatibleEngine(LLMEngine):
             kwargs["timeout"] = self.timeout
         self._client = openai.AsyncOpenAI(**kwargs)
         setattr(self._client, ENGINE_CLIENT_MARK, True)
+        self.prefix_cache = await detect_prefix_cache(self.base_url, {**self.default_headers,
+                                                                      "Authorization": f"Bearer {self._api_key}"})
 
     async def _unload(self) -> None:
         if self._client is not None:
@@ -123,7 +128,9 @@ class OpenAICompatibleEngine(LLMEngine):
             self._client = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed}
+        return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed,
+                "prefix_cache": {"enabled": self.prefix_cache.enabled, "block_tokens": self.prefix_cache.block_tokens,
+                                 "how": self.prefix_cache.how}}
 
     # -- requests ----------------------------------------------------------------------------
     def _body(self, prompt: Any, params: Mapping[str, Any] | None,

@@ -149,7 +149,7 @@ class Interpreter:
 
     def format(self, prim: Primitive, inputs: dict[str, Any]) -> Mapping[str, Any]:
         if "parts" in prim.attrs:
-            return {"prompt": semantics.render(prim.attrs["parts"], inputs)}
+            return {"prompt": semantics.render_format(prim.attrs, inputs)}
         return self.call_handler(prim, inputs)
 
 

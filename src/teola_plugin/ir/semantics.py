@@ -177,6 +177,108 @@ def render(parts: Sequence[Any], values: Mapping[str, Any]) -> str:
     return "".join(p if isinstance(p, str) else render_value(p, values[p["var"]]) for p in parts)
 
 
+# A framework's own render describes its template when each variable renders as a mark:
+# the marks' order in the rendered prompt is the template's (``parts_from_marks``), and the
+# prompt cut at the first mark is the part known before those variables
+# (``prompt_before_cut``: split_prefill's warm-up of a prompt only the framework can render).
+CUT = "\x00teola-cut\x00"
+
+
+def var_mark(name: str) -> str:
+    return f"\x00teola-var:{name}\x00"
+
+
+def _texts(prompt: Any) -> list[str] | None:
+    """The text a prompt carries, in order: a string; a request body's ``prompt``, or its
+    ``messages``' contents (chat models); a list of messages. None: another shape."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, Mapping):
+        if isinstance(prompt.get("prompt"), str):
+            return [prompt["prompt"]]
+        prompt = prompt.get("messages")
+    if not isinstance(prompt, (list, tuple)):
+        return None
+    texts = []
+    for message in prompt:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(str(c.get("text", "")) for c in content if isinstance(c, Mapping))
+        elif content is not None:
+            return None
+    return texts
+
+
+def parts_from_marks(prompt: Any, names: Sequence[str]) -> list[Any] | None:
+    """``parts`` describing a prompt rendered with every variable as its ``var_mark``: the
+    literal text around the marks (message separators left out: an estimate for the cost
+    model) and the variables in the order they appear. None when a variable does not appear
+    as its mark (a format spec, a converter, a non-text variable): the template is not
+    described."""
+    texts = _texts(prompt)
+    if texts is None:
+        return None
+    text = "".join(texts)
+    if any(var_mark(n) not in text for n in names):
+        return None
+    pattern = "(" + "|".join(re.escape(var_mark(n)) for n in names) + ")"
+    parts: list[Any] = []
+    for piece in re.split(pattern, text) if names else [text]:
+        name = next((n for n in names if piece == var_mark(n)), None)
+        if name is not None:
+            parts.append({"var": name})
+        elif piece:
+            parts.append(piece)
+    return parts
+
+
+def render_format(attrs: Mapping[str, Any], inputs: Mapping[str, Any]) -> Any:
+    """What a ``format`` primitive produces: the framework's own ``render`` when the lowering
+    kept it (``parts`` then only describe the template), cut before its late variables for a
+    prefix (``cut_vars``); else its ``parts`` rendered (one message of ``chat_role`` if set)."""
+    render = attrs.get("render")
+    if render is not None:
+        cut = attrs.get("cut_vars")
+        if cut is None:
+            return render(**inputs)
+        return prompt_before_cut(render(**inputs, **{v: CUT for v in cut}))
+    prompt = globals()["render"](attrs["parts"], inputs)
+    role = attrs.get("chat_role")  # chat models: the prompt is one message
+    return [{"role": role, "content": prompt}] if role else prompt
+
+
+def prompt_before_cut(prompt: Any) -> Any:
+    """The prompt up to the first ``CUT``, in its own shape (a string, a request body, a
+    message list: the message holding the cut keeps its text before it, later ones go);
+    None when no cut is in it."""
+    if isinstance(prompt, str):
+        return prompt[:prompt.index(CUT)] if CUT in prompt else None
+    if isinstance(prompt, Mapping):
+        if isinstance(prompt.get("prompt"), str):
+            cut = prompt_before_cut(prompt["prompt"])
+            return None if cut is None else {**prompt, "prompt": cut}
+        messages = prompt_before_cut(prompt.get("messages"))
+        return None if messages is None else {**prompt, "messages": messages}
+    if not isinstance(prompt, (list, tuple)):
+        return None
+    kept = []
+    for message in prompt:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str) and CUT in content:
+            return [*kept, {**message, "content": content[:content.index(CUT)]}]
+        if isinstance(content, list) and any(CUT in str(c.get("text", "")) for c in content if isinstance(c, Mapping)):
+            parts = []
+            for c in content:
+                text = str(c.get("text", "")) if isinstance(c, Mapping) else ""
+                if CUT in text:
+                    return [*kept, {**message, "content": [*parts, {**c, "text": text[:text.index(CUT)]}]}]
+                parts.append(c)
+        kept.append(message)
+    return None
+
+
 # ------------------------------------------------------------------------------ decode
 
 

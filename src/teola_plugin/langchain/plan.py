@@ -42,7 +42,7 @@ class ExecutionPlan:
               disabled: Iterable[str] = (), runtime: Runtime | None = None,
               cost_model: Any = None, sub_plans: SubPlans | None = None) -> ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
-        cost = cost_model or (runtime.cost_model() if runtime is not None else None)
+        cost = cost_model or (runtime.cost_model(trace.engines) if runtime is not None else None)
         return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost),
                    _uses_engines(trace.graph, sub_plans, set(trace.stores.values())))
 

@@ -165,8 +165,9 @@ class TeolaExecutor:
         self._context.join_ingestion = self.defer_ingestion
         return self._context
 
-    def _prepare(self, graph: PGraph) -> PGraph:
-        return self._passes.run(graph, self.cost_model or self.runtime.cost_model()) if self.optimize else graph
+    def _prepare(self, graph: PGraph, engines: EngineNeeds | None = None) -> PGraph:
+        """``graph`` optimized (``engines``: its trace's, counted before they are provided)."""
+        return self._passes.run(graph, self.cost_model or self.runtime.cost_model(engines)) if self.optimize else graph
 
     def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
         """The trace with its bookkeeping (bound inputs, local engines, notes)."""
@@ -191,7 +192,7 @@ class TeolaExecutor:
                               "a HuggingFaceEmbedding the embedder engine computes alike embeds on that engine.",
                               EXPLAIN_ROUTED])
         app = self.traced(target)
-        graph = self._prepare(app.graph)
+        graph = self._prepare(app.graph, app.engines)
         lines = [f"TeolaExecutor plan for {type(target).__name__}", ""]
         opaque = app.opaque
         lines.append("Opaque components (run unchanged by LlamaIndex's own code):" if opaque
@@ -289,14 +290,14 @@ class TeolaExecutor:
             if app.opaque or len(joined) != len(app.ingestions):  # may read pending nodes unseen
                 flush_all()
                 if not app.ingestions:
-                    return app, self._prepare(app.graph)
+                    return app, self._prepare(app.graph, app.engines)
                 continue
             _flush_read_stores(app, joined)
             for j in joined:
                 j.claim = j.state.try_claim(j.batches)
             if all(j.claim is not None for j in joined):
                 try:
-                    return app, self._prepare(app.graph)
+                    return app, self._prepare(app.graph, app.engines)
                 except BaseException:
                     _release_claims(app)
                     raise
@@ -308,7 +309,7 @@ class TeolaExecutor:
         # Still contended: trace without joining, so the graph holds no insert without a claim
         # (pending work that arrived meanwhile is flushed by its next reader).
         app = self.traced(target, join_ingestion=False)
-        return app, self._prepare(app.graph)
+        return app, self._prepare(app.graph, app.engines)
 
     async def _aplan(self, target: Any) -> tuple[TracedApp, PGraph]:
         if not pending_states():

@@ -137,6 +137,9 @@ class CostModel:
             raise ConfigError(f"compute_groups must map engine names to group names (str), got {compute_groups!r:.80}")
         self.compute_groups: dict[str, str] = dict(compute_groups or {})
         self.default_group = default_group
+        # engine -> its detected prefix cache (``engines.server_features.PrefixCache``); an
+        # engine not listed caches as the in-process vLLM engine does (vLLM's default: on)
+        self.prefix_caches: dict[str, Any] = {}
         self._memo: dict[tuple[str, str, str | None, float], float] = {}  # graphs repeat shapes
 
     def with_compute_groups(self, groups: Mapping[str, str], default_group: str | None = None) -> CostModel:
@@ -144,7 +147,18 @@ class CostModel:
         out = CostModel(source=self.source, compute_groups={**self.compute_groups, **groups},
                         default_group=default_group or self.default_group)
         out._curves = self._curves
+        out.prefix_caches = dict(self.prefix_caches)
         return out
+
+    def with_prefix_caches(self, caches: Mapping[str, Any]) -> CostModel:
+        """The same model, knowing these engines' prefix caches (detected from their servers)."""
+        out = self.with_compute_groups({})
+        out.prefix_caches.update(caches)
+        return out
+
+    def prefix_cache(self, engine: str | None) -> Any:
+        """``engine``'s detected prefix cache, or None when it caches as vLLM does by default."""
+        return self.prefix_caches.get(engine or "")
 
     def compute_group(self, engine: str, kind: str | None = None) -> str:
         """The hardware ``engine`` computes on (by instance name, then kind, then the default);

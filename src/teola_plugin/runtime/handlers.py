@@ -142,15 +142,13 @@ class PrimitiveHandlers:
     async def format(self, prim, inputs, ctx):
         # A framework template's own code renders when the lowering kept it (prompts stay
         # byte-identical); `parts` then only describe the template to the optimizer.
-        render = prim.attrs.get("render")
-        if render is not None:  # framework code (its callbacks may block): off the runtime loop
-            return {"prompt": await in_framework_thread(render, **inputs)}
-        prompt = semantics.render(prim.attrs["parts"], inputs)
-        role = prim.attrs.get("chat_role")  # chat models: the prompt is one message
-        return {"prompt": [{"role": role, "content": prompt}] if role else prompt}
+        if prim.attrs.get("render") is not None:  # framework code (its callbacks may block): off the loop
+            return {"prompt": await in_framework_thread(semantics.render_format, prim.attrs, inputs)}
+        return {"prompt": semantics.render_format(prim.attrs, inputs)}
 
     async def llm_partial_prefill(self, prim, inputs, ctx):
-        await ctx.submit("prefill", {"prompt": inputs["prompt"]})
+        if inputs["prompt"]:  # None: the render had no text before its first late variable
+            await ctx.submit("prefill", {"prompt": inputs["prompt"]})
         return {"done": True}
 
     async def llm_prefill(self, prim, inputs, ctx):

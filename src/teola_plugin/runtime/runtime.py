@@ -485,18 +485,34 @@ class Runtime:
         engines = {name: pool.local_engine() for name, pool in list(self._pools.items())}
         return {name: engine for name, engine in engines.items() if engine is not None}
 
-    def cost_model(self) -> Any:
+    def cost_model(self, engines: EngineNeeds | None = None) -> Any:
         """The optimizer's cost model for this runtime: default profiles plus which engines
         share hardware (:mod:`.compute_groups`), so passes do not count on overlapping
-        engines that compute on the same CPU cores."""
+        engines that compute on the same CPU cores, and what the model servers' engines
+        detected of their prefix caches. ``engines``: a trace's needs, not provided yet
+        (its model servers count as the runtime's own)."""
         from ..optimizer.cost import CostModel
         from .compute_groups import HOST_CPU, compute_groups
 
-        groups = compute_groups(self.specs)
+        specs = {**engines.served, **self.specs} if engines else self.specs
+        groups = compute_groups(specs)
+        caches = self._prefix_caches(specs)
         cached = self._cost_model  # one per runtime: its memo of node costs is reused
-        if cached is None or cached.compute_groups != groups:
-            cached = self._cost_model = CostModel.default().with_compute_groups(groups, default_group=HOST_CPU)
+        if cached is None or cached.compute_groups != groups or cached.prefix_caches != caches:
+            cached = self._cost_model = (CostModel.default().with_compute_groups(groups, default_group=HOST_CPU)
+                                         .with_prefix_caches(caches))
         return cached
+
+    def _prefix_caches(self, specs: Mapping[str, EngineSpec]) -> dict[str, Any]:
+        """What each model server's engine detected of its prefix cache when it started
+        (unknown before: the optimizer then does not count on it)."""
+        from ..engines.llm_served import FACTORY
+        from ..engines.server_features import PrefixCache
+
+        engines = self.local_engines()
+        unknown = PrefixCache(None, 0, "not detected yet: its engine starts with the first query that uses it")
+        return {name: getattr(engines.get(name), "prefix_cache", unknown)
+                for name, spec in list(specs.items()) if spec.factory == FACTORY}
 
     def engines_for(self, graph: PGraph) -> set[str]:
         return {p.engine for p in graph.nodes if p.kind != "cpu"}

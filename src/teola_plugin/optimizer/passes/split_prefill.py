@@ -10,7 +10,9 @@ max_tokens=1 request that fills the automatic prefix cache, so the full request 
 prefills the rest.
 
 Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_chars``,
-default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable),
+default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable; for a
+model server, its detected block size), when a model server is not known to cache prefixes
+(detected from its metrics: ``engines/server_features.py``; the note says why),
 or when the cost model says the prefill would not finish earlier (the second request
 costs a fixed overhead; it pays only if retrieval is long enough to hide the prefix).
 Retrieval hides the prefix only on other hardware: work in the window on the LLM's own
@@ -79,6 +81,15 @@ def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitiv
     return max(fmt_done + delay, others + delay, prefix_done) + cost.node_cost(prefill, items=rest) < old_end
 
 
+def _prefix_render(fmt: Primitive, prefix: list[Any]) -> dict[str, Any]:
+    """The attributes that render ``fmt``'s prefix with its own ``render``: every variable
+    the prefix does not read is the cut mark, and the prompt ends before the first mark."""
+    if "render" not in fmt.attrs:
+        return {}
+    known = set(template_vars(prefix))
+    return {"render": fmt.attrs["render"], "cut_vars": sorted(v for v in fmt.inputs if v not in known)}
+
+
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
     min_chars = int(ctx.option("min_prefix_chars", 64))
     var_chars = int(ctx.option("var_chars", 16))
@@ -98,6 +109,12 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         if chars < min_chars:
             continue
         tokens = int(min(chars // CHARS_PER_TOKEN, ctx.cost_model.work_items(p) - 1))
+        cache = ctx.cost_model.prefix_cache(p.engine)
+        if cache is not None and not (cache.enabled and tokens >= cache.block_tokens):
+            ctx.note(f"{p.name}: not split: " + (f"its ~{tokens}-token prefix is under one {cache.block_tokens}-token "
+                                                 f"cache block of {p.engine}" if cache.enabled else
+                                                 f"{p.engine} is not known to cache prefixes ({cache.how})"))
+            continue
         if _pays_off(graph, ctx, fmt, p, prefix, tokens):
             plans.append((p.name, fmt.name, prefix, tokens))
     if not plans:
@@ -109,8 +126,9 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
                    origin=fmt.origin, after=fmt.after,
                    inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
                    # a chat prompt's prefix must go through the same chat template, or its
-                   # tokens would not be a prefix of the full prompt's tokens
-                   attrs={"parts": list(prefix), "prefix_of": fmt_name,
+                   # tokens would not be a prefix of the full prompt's tokens; a framework's own
+                   # render renders it, the later variables cut off (semantics.prompt_before_cut)
+                   attrs={"parts": list(prefix), "prefix_of": fmt_name, **_prefix_render(fmt, prefix),
                           **({"chat_role": fmt.attrs["chat_role"]} if "chat_role" in fmt.attrs else {})})
         pp = g.add(Op.LLM_PARTIAL_PREFILL, name=g.unique_name(f"{prefill_name}.partial"),
                    engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},

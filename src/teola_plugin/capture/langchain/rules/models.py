@@ -21,6 +21,7 @@ from ....ir.node import Primitive, Ref
 from ....ir.ops import Op
 from ....ir.semantics import CHARS_PER_TOKEN
 from ...overrides import overridden_lowered_calls
+from ...prompt_parts import marked_parts
 from ...llm_calls import emit_llm_call
 from ...lowerable import LLMCallSpec, LowerableLLM
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
@@ -47,6 +48,9 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
             return convert(template.invoke(variables, step_config(tag)))
 
         parts = literal_parts(template, set(inputs)) if spec.string_prompts else None
+        if parts is None:  # a chat template, a served model's request body: described by its own
+            # rendering (format_prompt: no run, so no callback hears the trace)
+            parts = marked_parts(lambda **marks: convert(template.format_prompt(**marks)), inputs)
         attrs: dict[str, Any] = {"render": render}
         if parts:
             attrs["parts"] = parts

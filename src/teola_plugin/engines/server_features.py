@@ -1,0 +1,69 @@
+"""What a model server does that the optimizer may build on: detected, never assumed.
+
+Prefill splitting sends a prefix warm-up (a ``max_tokens=1`` request of the prompt's early
+part) so that the full request finds the prefix in the server's cache. That only pays where
+the server caches prefixes, and only for whole cache blocks. vLLM says both in its metrics:
+the ``vllm:cache_config_info`` gauge carries ``enable_prefix_caching`` and ``block_size``
+as labels. A server that does not answer ``/metrics`` with them (another kind of server, a
+proxy that hides it, one not up yet) is *unknown*, and the pass declines for it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+PROBE_TIMEOUT_S = 2.0
+_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """A server's prefix cache as detected: ``enabled`` (None: unknown), the block size in
+    tokens (a prefix caches only in whole blocks), and how it was found out (or why not)."""
+
+    enabled: bool | None
+    block_tokens: int = 0
+    how: str = ""
+
+
+def metrics_url(base_url: str) -> str:
+    """The server's ``/metrics`` (vLLM serves it at the root, beside ``/v1``)."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, parts.netloc, f"{path}/metrics", "", ""))
+
+
+def parse_prefix_cache(metrics: str, url: str) -> PrefixCache:
+    """The prefix cache a vLLM ``/metrics`` page describes."""
+    found = _CACHE_CONFIG.search(metrics)
+    if found is None:
+        return PrefixCache(None, 0, f"{url} has no vllm:cache_config_info (not a vLLM server?)")
+    labels = dict(_LABEL.findall(found.group("labels")))
+    enabled = labels.get("enable_prefix_caching", "").lower() == "true"
+    try:
+        block = int(labels.get("block_size", "0"))
+    except ValueError:
+        block = 0
+    return PrefixCache(enabled, block, f"{url}: enable_prefix_caching={labels.get('enable_prefix_caching')}, "
+                                       f"block_size={labels.get('block_size')}")
+
+
+async def detect_prefix_cache(base_url: str, headers: dict[str, Any] | None = None) -> PrefixCache:
+    """Ask the server's metrics (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
+    import httpx
+
+    url = metrics_url(base_url)
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers or None) as client:
+            reply = await client.get(url)
+    except httpx.HTTPError as exc:
+        return PrefixCache(None, 0, f"{url} did not answer ({type(exc).__name__})")
+    if reply.status_code != 200:
+        return PrefixCache(None, 0, f"{url} answered HTTP {reply.status_code}")
+    return parse_prefix_cache(reply.text, url)
