@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from teola_plugin.ir import PGraph, Ref  # noqa: E402
 from teola_plugin.capture import app_graphs as apps  # noqa: E402
+from teola_plugin.capture.module_order import ModuleOrder  # noqa: E402
 from teola_plugin.ir.history import describe  # noqa: E402
 from teola_plugin.optimizer import DEFAULT_ORDER, CostModel, PassManager, optimize  # noqa: E402
 
@@ -29,8 +30,8 @@ def with_extra_retriever(used: bool) -> PGraph:
     """Naive RAG whose query engine also ran a second retriever (top_k=2); its result is
     either returned (a duplicate embedding for CSE) or dropped (dead code)."""
     g = apps.naive_rag()
-    t = apps.Tracer(g)
-    t.last = "llm_decode"
+    t = ModuleOrder(g)
+    t.frontier = frozenset({"llm_decode"})  # traced after the answer
     hits = apps.add_retrieval(t, Ref("input", "question"), Ref("vector_insert", "index"), top_k=2)
     if used:
         g.output("preview", hits)
