@@ -364,6 +364,9 @@ def test_a_servers_prefix_cache_is_detected_and_a_chat_prompts_prefix_warmed_up(
     cache = runtime.local_engines()[served].prefix_cache
     assert (cache.enabled, cache.block_tokens) == (True, 128), cache.how
     assert runtime.cost_model().prefix_cache(served) == cache
+    # the plan made before the detection is made again with what the runtime knows now
+    assert "not known to cache prefixes" not in unknown.explain(QUESTIONS[0])
+    assert unknown._plan(QUESTIONS[0]).cost is runtime.cost_model()
 
     # the unlimited-engines model (retrieval elsewhere), so that the warm-up pays off
     warmed = TeolaRunnable(chain, runtime=runtime, cost_model=CostModel.default().with_prefix_caches({served: cache}))

@@ -37,14 +37,24 @@ class ExecutionPlan:
     calls still go through the served engines). A search of the user's own store alone does
     not count: with its query embedding the model's own step, it is the store's own call."""
 
+    cost: Any = None  # the runtime's cost model it was optimized with (None: the caller's own)
+
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
               disabled: Iterable[str] = (), runtime: Runtime | None = None,
               cost_model: Any = None, sub_plans: SubPlans | None = None) -> ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
-        cost = cost_model or (runtime.cost_model(trace.engines) if runtime is not None else None)
-        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost),
-                   _uses_engines(trace.graph, sub_plans, set(trace.stores.values())))
+        runtimes = runtime.cost_model(trace.engines) if runtime is not None and cost_model is None else None
+        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost_model or runtimes),
+                   _uses_engines(trace.graph, sub_plans, set(trace.stores.values())), runtimes)
+
+    def current(self, runtime: Runtime, passes: Sequence[str] | None, disabled: Iterable[str],
+                sub_plans: SubPlans | None) -> ExecutionPlan:
+        """This plan, or the same trace optimized again when the runtime learnt something since
+        (a model server's prefix cache, detected when its engine started)."""
+        if self.cost is None or runtime.cost_model(self.trace.engines) is self.cost:
+            return self
+        return ExecutionPlan.build(self.trace, passes, disabled, runtime, None, sub_plans)
 
     def graph_inputs(self, input: Any) -> dict[str, Any]:
         return self.trace.feed(input)
@@ -106,8 +116,12 @@ class SubPlans:
         key = (id(runnable), layout)
         with self._lock:
             known = self._plans.get(key)
-            if known is not None:
-                return known[1]
+        if known is not None:
+            plan = known[1].current(self.runtime, self.passes, self.disabled, self)
+            if plan is not known[1]:
+                with self._lock:
+                    self._plans[key] = (runnable, plan)
+            return plan
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
         plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime, self.cost_model, self)
         with self._lock:

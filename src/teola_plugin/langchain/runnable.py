@@ -99,6 +99,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                 self._plans[layout] = plan
                 while len(self._plans) > MAX_PLANS:
                     self._plans.popitem(last=False)
+            else:
+                plan = self._plans[layout] = plan.current(self.teola_runtime(), self.passes, self.disabled,
+                                                          self._sub_planner())
             return plan
 
     def _sub_planner(self) -> SubPlans:
