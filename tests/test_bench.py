@@ -267,3 +267,41 @@ def test_a_decode_whose_tokens_came_while_others_were_timed_counts_them_in_the_b
     bound = trace_bound(QueryTrace("app", "q", (GraphTrace("g", (whole, short)),), 0.5))
     assert bound["critical_path_s"] == pytest.approx(0.64 + 29 * 0.04)
     assert bound["bound_s"] == pytest.approx(0.5 + 0.64 + 29 * 0.04)
+
+
+def test_the_fan_out_apps_run_their_framework_composition_with_the_calls_on_teola(runtime):
+    """The workflow and LangGraph apps (#18 / #19 benchmark rows): the Workflow's two parallel
+    query engines are run by the executor (lowered graphs) and answer from the same sources as
+    plain; the LangGraph graph runs as it is, one Send branch per sub-question, every model
+    call on the engine. (Greedy answers may differ where concurrent branches share a batch, as
+    between two plain runs, so the answers' text is compared in the benchmark's fidelity.)"""
+    import asyncio
+
+    from llama_index.core import Settings
+
+    from teola_plugin.bench.apps.base import PLAIN_SEQUENTIAL, TEOLA_FULL
+    from teola_plugin.bench.apps.fan_out_apps import MultiHopLangGraph, WorkflowFanOut
+
+    app = WorkflowFanOut(runtime, max_tokens=12)
+    app.n_docs = 12
+    (query,) = app.queries(1)
+    saved = Settings._llm, Settings._embed_model
+    try:
+        app.setup([query])
+        plain = asyncio.run(app.arun(query, PLAIN_SEQUENTIAL))
+        teola = asyncio.run(app.arun(query, TEOLA_FULL))
+        executor = app._executors[TEOLA_FULL.name]
+        assert executor.last_query_id is not None  # the steps' aquery calls ran through it
+        assert teola.sources == plain.sources and len(plain.sources) == 6 and teola.text
+    finally:
+        Settings.executor = None
+        Settings._llm, Settings._embed_model = saved
+
+    graph_app = MultiHopLangGraph(runtime, max_tokens=12)
+    (question,) = graph_app.queries(1)
+    graph_app.setup([question])
+    wrapped = graph_app.runnable(TEOLA_FULL)
+    assert [n.component for n in wrapped._plan(graph_app.chain_input(question)).trace.opaque] == ["LangGraph"]
+    state = wrapped.invoke(graph_app.chain_input(question))
+    assert state["answer"].strip() and 1 <= len(state["findings"]) <= 3
+    assert len(state["findings"]) == max(1, len(state["subs"]))

@@ -34,6 +34,13 @@ ANSWER = ChatPromptTemplate.from_template(
     "Answer the question using only the context below, in a few words.\n\nContext:\n{context}\n\n"
     "Question: {question}")
 
+DECOMPOSE = ChatPromptTemplate.from_template(
+    "Break this question into at most 3 simpler questions that can each be answered on their own. "
+    "Write one question per line, nothing else.\n\nQuestion: {question}")
+COMBINE_FINDINGS = ChatPromptTemplate.from_template(
+    "Answer the question in a few words, using these answers to its sub-questions.\n\n{findings}\n\n"
+    "Question: {question}")
+
 
 class LangChainApp(BenchApp):
     framework = "langchain"
@@ -126,21 +133,18 @@ class MultiHopQA(LangChainApp):
     def chain_input(self, query: Query) -> Any:
         return {"question": query.question}
 
-    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
+    def retriever(self, embeddings: Any) -> Any:
+        """A vector store of the questions' context paragraphs and the distractors, top 3."""
         corpus = datasets.load_corpus("hotpotqa-dev-500")
         own = {i for q in self._questions for i in q.context_ids}
         others = [p for p in corpus if p.id not in own]
         passages = [p for p in corpus if p.id in own] + random.Random(0).sample(others, MULTIHOP_DISTRACTORS)
         store = InMemoryVectorStore(embeddings)
         store.add_texts([f"{p.title}: {p.text}" for p in passages], ids=[p.id for p in passages])
-        retriever = store.as_retriever(search_kwargs={"k": 3})
+        return store.as_retriever(search_kwargs={"k": 3})
 
-        decompose = ChatPromptTemplate.from_template(
-            "Break this question into at most 3 simpler questions that can each be answered on their own. "
-            "Write one question per line, nothing else.\n\nQuestion: {question}")
-        combine = ChatPromptTemplate.from_template(
-            "Answer the question in a few words, using these answers to its sub-questions.\n\n{findings}\n\n"
-            "Question: {question}")
+    def build_chain(self, llm: Any, embeddings: Any) -> Runnable:
+        retriever, decompose, combine = self.retriever(embeddings), DECOMPOSE, COMBINE_FINDINGS
         sub_chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | ANSWER | llm \
             | StrOutputParser()
         sub_questions = decompose | llm | StrOutputParser() | LineListOutputParser() \
