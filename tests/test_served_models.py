@@ -387,6 +387,44 @@ def test_a_servers_prefix_cache_is_detected_and_a_chat_prompts_prefix_warmed_up(
     assert teola.content == plain.content
 
 
+def test_a_llama_index_synthesis_prompts_early_part_is_warmed_on_the_server(recording_proxy, squad_index,
+                                                                            executor):
+    """LlamaIndex packs its synthesis prompts at run time; the synthesize step carries its QA
+    template (``warm_prompt``), so split_prefill warms the part before the retrieved text:
+    LlamaIndex's own request (its chat template, system message included) cut there, with
+    one token to generate. The full request and the answer are plain's."""
+    from llama_index.core import ChatPromptTemplate
+    from llama_index.core.llms import ChatMessage
+
+    from teola_plugin.llama_index import TeolaExecutor
+    from teola_plugin.optimizer.cost import CostModel
+
+    system = (f"Session {uuid.uuid4()}. You answer questions about the given context in one short "
+              "sentence, without adding facts the context does not state. " * 12)  # ~300 tokens
+    qa = ChatPromptTemplate([ChatMessage(role="system", content=system),
+                             ChatMessage(role="user", content="Question: {query_str}\nContext:\n{context_str}\nAnswer:")])
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=8)
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=1, text_qa_template=qa)
+    executor.query(engine, QUESTIONS[0])  # starts the server's engine: it detects the prefix cache
+    (served,) = [n for n, e in executor.runtime.local_engines().items()
+                 if n.startswith("served:") and e.base_url == recording_proxy.base_url]
+    cache = executor.runtime.local_engines()[served].prefix_cache
+    # the unlimited-engines model (retrieval elsewhere), so that the warm-up pays off
+    warming = TeolaExecutor(executor.runtime, cost_model=CostModel.default().with_prefix_caches({served: cache}))
+    assert "prefilled early by synthesize.partial" in warming.explain(engine)
+    recording_proxy.take()
+    teola = warming.query(engine, QUESTIONS[1])
+    sent_teola = [b for path, b in recording_proxy.take() if path == "/v1/chat/completions"]
+    plain = engine.query(QUESTIONS[1])
+    sent_plain = [b for path, b in recording_proxy.take() if path == "/v1/chat/completions"]
+    (warm_up,) = [b for b in sent_teola if b.get("max_tokens") == 1]
+    assert [b for b in sent_teola if b is not warm_up] == sent_plain
+    system_msg, user = warm_up["messages"]
+    assert system_msg == sent_plain[0]["messages"][0] and user["content"] == f"Question: {QUESTIONS[1]}\nContext:\n"
+    assert str(teola) == str(plain)
+    assert [n.node.node_id for n in teola.source_nodes] == [n.node.node_id for n in plain.source_nodes]
+
+
 def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(recording_proxy, squad_index, executor,
                                                                             runtime):
     from langchain_core.output_parsers import StrOutputParser

@@ -145,8 +145,9 @@ def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) ->
         tr.traced.streaming_synthesis = planner
         tr.note("(after the graph)", synthesizer, "expands", planner.describe() + "; the final call streams")
         return None
+    warm = planner.warm_prompt()  # split_prefill may warm its early part while retrieval runs
     ref = tr.cpu_step("synthesize", planner, {"query": tr.query, "nodes": nodes}, type(synthesizer).__name__,
-                      pure=False)
+                      pure=False, **({"warm_prompt": warm} if warm else {}))
     tr.note(ref.node, synthesizer, "expands", planner.describe())
     return ref
 

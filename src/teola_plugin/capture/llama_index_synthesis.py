@@ -41,8 +41,12 @@ from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
+from .prompt_parts import marked_parts
 
 EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
+
+
+CONTEXT_TOKENS_GUESS = 512  # the retrieved text a first call's prompt holds (cost model only)
 
 
 class SynthesisPlanner:
@@ -71,10 +75,34 @@ class SynthesisPlanner:
     def streaming(self) -> bool:
         return bool(self.synthesizer._streaming)
 
-    def __call__(self, query: QueryBundle, nodes: list[NodeWithScore]) -> Any:
+    def __call__(self, query: QueryBundle, nodes: list[NodeWithScore], prefix: Any = None) -> Any:
+        """``prefix``: split_prefill's warm-up of :meth:`warm_prompt` is done (its signal)."""
         if not nodes:  # BaseSynthesizer.synthesize answers without calling the LLM
             return Response(self.synthesizer._empty_response)
         return Expansion(self.build_graph(query, nodes), {})
+
+    def warm_prompt(self) -> dict[str, Any] | None:
+        """The template the first calls fill (the QA template; tree_summarize: the summary
+        template), for split_prefill: rendered by the LLM's own code for a step with inputs
+        ``query`` (known first) and ``nodes`` (retrieved), so the pass can warm what comes
+        before the nodes' text while retrieval runs. None when marks do not describe it."""
+        synth, spec = self.synthesizer, self.spec
+        template = synth._summary_template if isinstance(synth, TreeSummarize) else synth._text_qa_template
+
+        def render(query: Any, nodes: Any) -> Any:
+            # query / nodes are strings when split_prefill renders marks or its cut; a real
+            # call's context is packed by the synthesizer, never rendered here
+            query_str = query if isinstance(query, str) else query.query_str
+            context = nodes if isinstance(nodes, str) else "\n\n".join(
+                n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes)
+            return spec.to_engine_prompt(template.partial_format(query_str=query_str), context_str=context)
+
+        parts = marked_parts(render, ["query", "nodes"])
+        if parts is None:
+            return None
+        literal = sum(len(p) for p in parts if isinstance(p, str))
+        return {"render": render, "parts": parts, "engine": spec.engine,
+                "est_prompt_tokens": literal // CHARS_PER_TOKEN + CONTEXT_TOKENS_GUESS}
 
     def build_graph(self, query: QueryBundle, nodes: list[NodeWithScore],
                     additional_source_nodes: list[NodeWithScore] = ()) -> PGraph:

@@ -180,7 +180,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               attrs={"fn": "the function called with the inputs (may return an ir.expansion.Expansion)",
                      "pure": "True: no side effects (may be merged or dropped)",
                      "expands": "what it expands into at run time (explain)",
-                     "expands_into": "the sub-components it expands into (inspection)"},
+                     "expands_into": "the sub-components it expands into (inspection)",
+                     "warm_prompt": "the template of the LLM calls it expands into ({render, parts, engine, "
+                                    "est_prompt_tokens}: parts over its inputs), for split_prefill"},
               doc="call a framework component unchanged"),
     )
 })

@@ -22,11 +22,11 @@ partial prefill instead, so a CPU-only machine rarely gains from this pass.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ...ir.analysis import upstream
 from ...ir.graph import PGraph
-from ...ir.node import INPUT, Primitive
+from ...ir.node import INPUT, FrozenDict, Primitive
 from ...ir.semantics import CHARS_PER_TOKEN
 from ...ir.ops import Op
 from ...ir.semantics import template_vars
@@ -90,18 +90,40 @@ def _prefix_render(fmt: Primitive, prefix: list[Any]) -> dict[str, Any]:
     return {"render": fmt.attrs["render"], "cut_vars": sorted(v for v in fmt.inputs if v not in known)}
 
 
+# -- the template of the calls a step expands into (``warm_prompt`` on an opaque step) --------
+
+
+def _prompts(graph: PGraph) -> Iterator[tuple[Primitive, Primitive, Primitive]]:
+    """(waiter, format, prefill) of each prompt an LLM call will prefill: a format read by an
+    llm_prefill, or the template of the calls a step expands into at run time
+    (``warm_prompt``: LlamaIndex's synthesis), stood in for by a format over the step's
+    inputs and a prefill of its engine, both under the step's name (the pass reads their
+    costs and the step's place in the graph; neither is added)."""
+    for p in graph.nodes:
+        if "prefix" in p.inputs:
+            continue
+        ref = p.inputs.get("prompt")
+        if p.op is Op.LLM_PREFILL and ref is not None and ref.node in graph:
+            fmt = graph[ref.node]
+            if fmt.op is Op.FORMAT and "parts" in fmt.attrs:
+                yield p, fmt, p
+        elif p.op is Op.OPAQUE and "warm_prompt" in p.attrs:
+            warm = p.attrs["warm_prompt"]
+            attrs = {"parts": list(warm["parts"]), **({"render": warm["render"]} if "render" in warm else {})}
+            fmt = Primitive(p.name, Op.FORMAT, "cpu", FrozenDict({v: p.inputs[v] for v in template_vars(attrs["parts"])}),
+                            FrozenDict(attrs), frozenset(), p.origin, ("prompt",))
+            prefill = Primitive(p.name, Op.LLM_PREFILL, warm["engine"], FrozenDict(),
+                                FrozenDict({"est_prompt_tokens": warm["est_prompt_tokens"]}), frozenset(), p.origin,
+                                ("state",))
+            yield p, fmt, prefill
+
+
 def run(graph: PGraph, ctx: PassContext) -> PGraph:
     min_chars = int(ctx.option("min_prefix_chars", 64))
     var_chars = int(ctx.option("var_chars", 16))
     early = _early_nodes(graph)
-    plans: list[tuple[str, str, list[Any], int]] = []
-    for p in graph.nodes:
-        ref = p.inputs.get("prompt")
-        if p.op is not Op.LLM_PREFILL or "prefix" in p.inputs or ref is None or ref.node not in graph:
-            continue
-        fmt = graph[ref.node]
-        if fmt.op is not Op.FORMAT or "parts" not in fmt.attrs:
-            continue
+    plans: list[tuple[Primitive, Primitive, Primitive, list[Any], int]] = []
+    for waiter, fmt, p in _prompts(graph):
         prefix = _known_prefix(fmt, early)
         if not prefix or len(prefix) == len(fmt.attrs["parts"]):
             continue  # nothing known early, or the whole prompt is: nothing to split
@@ -116,12 +138,12 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
                                                  f"{p.engine} is not known to cache prefixes ({cache.how})"))
             continue
         if _pays_off(graph, ctx, fmt, p, prefix, tokens):
-            plans.append((p.name, fmt.name, prefix, tokens))
+            plans.append((waiter, fmt, p, prefix, tokens))
     if not plans:
         return graph
     g = graph.copy()
-    for prefill_name, fmt_name, prefix, tokens in plans:
-        prefill, fmt = g[prefill_name], g[fmt_name]
+    for waiter, fmt, prefill, prefix, tokens in plans:
+        prefill_name, fmt_name = waiter.name, fmt.name
         fp = g.add(Op.FORMAT, name=g.unique_name(f"{fmt_name}.prefix"), engine=fmt.engine,
                    origin=fmt.origin, after=fmt.after,
                    inputs={v: fmt.inputs[v] for v in template_vars(prefix)},
@@ -134,6 +156,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
                    engine=prefill.engine, origin=prefill.origin, inputs={"prompt": fp.out()},
                    attrs={"est_prompt_tokens": tokens, "prefix_of": prefill_name})
         g.set_input(prefill_name, "prefix", pp.out("done"))
-        g.set_attrs(prefill_name, cached_prefix_tokens=tokens)
+        if waiter.op is Op.LLM_PREFILL:  # an expanding step's calls are costed when they exist
+            g.set_attrs(prefill_name, cached_prefix_tokens=tokens)
         ctx.note(f"{prefill_name}: ~{tokens} prompt tokens prefilled early by {pp.name}")
     return g
