@@ -7,7 +7,10 @@ of early values), this adds ``format(prefix) -> llm_partial_prefill`` and makes 
 llm_prefill wait for it through its ``prefix`` SIGNAL port (a data edge, so dependency
 pruning and dead-code elimination keep it). On stock vLLM the partial prefill is a
 max_tokens=1 request that fills the automatic prefix cache, so the full request only
-prefills the rest.
+prefills the rest. A step whose LLM calls are built at run time (LlamaIndex's synthesis)
+states their template as ``warm_prompt``; its warm-up is planned the same way and the step
+waits for it. A template only the framework renders (``render``) is warmed by that render,
+cut before the late variables.
 
 Skipped when the prefix is too short to fill a KV-cache block (``min_prefix_chars``,
 default 64 characters ~ 16 tokens, counting ``var_chars``, default 16, per variable; for a
