@@ -191,7 +191,7 @@ def test_a_query_that_fails_after_claiming_gives_the_nodes_back(runtime, executo
     index = build(runtime, 3)
     retriever = index.as_retriever(similarity_top_k=2)
 
-    def broken_optimizer(graph):
+    def broken_optimizer(graph, engines=None):
         raise RuntimeError("optimizer broke")
 
     monkeypatch.setattr(executor, "_prepare", broken_optimizer)

@@ -35,6 +35,7 @@ from .llama_index import (
     RETRIEVER_RULES,
     LlamaIndexTracer,
     NotLowerable,
+    framework_call,
     lowering_rule,
 )
 from .llama_index_models import llm_call_spec
@@ -72,7 +73,9 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
         text = fusion.query_gen_prompt.format(num_queries=fusion.num_queries - 1, query=query.query_str)
         return spec.to_completion_prompt(text)
 
-    request = tr.cpu_step("query_gen_prompt", prompt, {"query": tr.query}, origin)
+    # a format the LLM's own code renders
+    request = tr.add(Op.FORMAT, name=tr.graph.unique_name("query_gen_prompt"), inputs={"query": tr.query},
+                     attrs={"render": framework_call(prompt)}, origin=origin).out()
     est_tokens = len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16
     decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
                            est_items=fusion.num_queries - 1)

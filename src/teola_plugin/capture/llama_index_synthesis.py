@@ -262,9 +262,9 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
     """One ``llm.predict(template, **prompt_args)`` (``streamed``: ``llm.stream``, read to its
     end) as prompt -> llm_prefill -> llm_decode (-> the output parser); returns the answer
     text ``predict`` returns."""
-    prompt = graph.add(Op.OPAQUE, name=graph.unique_name("prompt"), origin=origin,
-                       attrs={"fn": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args)),
-                              "pure": True})
+    # a format the LLM's own code renders (its chat template, its request body)
+    prompt = graph.add(Op.FORMAT, name=graph.unique_name("prompt"), origin=origin,
+                       attrs={"render": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args))})
     size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
     decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN, always_streamed=streamed)
     text = decode.out("text")  # the decode's own: a caller may stream its tokens

@@ -77,17 +77,13 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     key = _itemgetter_key(getattr(lam, "func", None))
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
-    raise NotLowerable(_function_note(getattr(lam, "func", None) or getattr(lam, "afunc", None)))
-
-
-def _function_note(func: Any) -> str:
-    """Whose function a lambda step runs: LangChain's own glue (a helper's ``x["input"]``) is
-    not the user's code."""
+    func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
     module = getattr(func, "__module__", None) or ""
-    where = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+    function = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+    # whose function it is: LangChain's own glue (a helper's ``x["input"]``) is not the user's code
     if module.split(".")[0] in ("langchain", "langchain_core", "langchain_classic", "langchain_community"):
-        return f"LangChain's own function ({where}): runs unchanged on the CPU (no engine work)"
-    return f"user function ({where}): runs unchanged on the CPU"
+        raise NotLowerable(f"LangChain's own function ({function}): runs unchanged on the CPU (no engine work)")
+    raise NotLowerable(f"user function ({function}): runs unchanged on the CPU")
 
 
 @lowering(StrOutputParser)
