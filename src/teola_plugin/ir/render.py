@@ -33,10 +33,10 @@ def short_attrs(prim: Primitive) -> list[str]:
     a = prim.attrs
     notes: list[str] = []
     if prim.op is Op.AGGREGATE:
-        notes.append(a.get("mode", "concat"))
+        notes.append(a.get("mode", "concat") + (f" of {a['gathers']}'s shards" if a.get("gathers") else ""))
     if prim.shard:
         i, n = prim.shard
-        notes.append(f"shard {i + 1}/{n}")
+        notes.append(f"shard {i + 1}/{n}" + (f" of {a['shard_of']}" if a.get("shard_of") else ""))
     if a.get("stream_items"):
         notes.append("streams items")
     if a.get("stream_from"):
