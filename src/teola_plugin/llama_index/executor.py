@@ -170,7 +170,7 @@ class TeolaExecutor:
         return self._passes.run(graph, self.cost_model or self.runtime.cost_model(engines)) if self.optimize else graph
 
     def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
-        """The trace with its bookkeeping (bound inputs, local engines, notes)."""
+        """The trace with its bookkeeping (bound inputs, the engines it needs, notes)."""
         ctx = self._trace_context()
         if not join_ingestion:  # a copy: the shared context may be tracing in another thread
             ctx = dataclasses.replace(ctx, join_ingestion=False)
