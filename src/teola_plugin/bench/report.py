@@ -299,6 +299,8 @@ COMPANION_PAGES = {
     "first_query.md": "First queries: an app's first answer, plain vs Teola (`scripts/bench_first_query.py`)",
     "simulation.md": "Simulated schedules: the simulator's calibration on this machine and its predictions for "
                      "GPU deployments (`teola simulate`)",
+    "fan_out/page.md": "Apps whose parallel work is the framework's own composition: a LlamaIndex Workflow fan-out "
+                       "and a LangGraph Send graph (`teola bench --apps li_workflow lg_multihop ...`)",
 }
 
 
