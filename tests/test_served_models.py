@@ -329,6 +329,12 @@ def test_a_partial_prefill_fills_the_servers_prefix_cache_for_the_full_request(m
     assert generation.response.usage.completion_tokens == 4
 
 
+def fresh_system_prompt() -> str:
+    """A ~300-token system message no earlier request left in the server's prefix cache."""
+    return (f"Session {uuid.uuid4()}. You answer questions about the given context in one short "
+            "sentence, without adding facts the context does not state. " * 12)
+
+
 def test_a_servers_prefix_cache_is_detected_and_a_chat_prompts_prefix_warmed_up(recording_proxy, runtime):
     """Prefill splitting on a model server, as users write the chain (a chat template with a
     long system prompt, ``ChatOpenAI``): declined while the server's prefix cache is unknown;
@@ -345,8 +351,7 @@ def test_a_servers_prefix_cache_is_detected_and_a_chat_prompts_prefix_warmed_up(
     from teola_plugin.langchain import TeolaRunnable
     from teola_plugin.optimizer.cost import CostModel
 
-    system = (f"Session {uuid.uuid4()}. You answer questions about the given context in one short "
-              "sentence, without adding facts the context does not state. " * 12)  # ~300 tokens, fresh
+    system = fresh_system_prompt()
     prompt = ChatPromptTemplate.from_messages([("system", system),
                                                ("human", "Question: {question}\nContext:\n{context}\nAnswer:")])
     store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:8]],
@@ -399,8 +404,7 @@ def test_a_llama_index_synthesis_prompts_early_part_is_warmed_on_the_server(reco
     from teola_plugin.llama_index import TeolaExecutor
     from teola_plugin.optimizer.cost import CostModel
 
-    system = (f"Session {uuid.uuid4()}. You answer questions about the given context in one short "
-              "sentence, without adding facts the context does not state. " * 12)  # ~300 tokens
+    system = fresh_system_prompt()
     qa = ChatPromptTemplate([ChatMessage(role="system", content=system),
                              ChatMessage(role="user", content="Question: {query_str}\nContext:\n{context_str}\nAnswer:")])
     llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=8)

@@ -89,13 +89,11 @@ class SynthesisPlanner:
         synth, spec = self.synthesizer, self.spec
         template = synth._summary_template if isinstance(synth, TreeSummarize) else synth._text_qa_template
 
-        def render(query: Any, nodes: Any) -> Any:
-            # query / nodes are strings when split_prefill renders marks or its cut; a real
-            # call's context is packed by the synthesizer, never rendered here
+        def render(query: Any, nodes: str) -> Any:
+            # ``nodes`` is only ever a mark or split_prefill's cut: the calls' real context is
+            # packed by the synthesizer at run time, never here; ``query`` is a mark or the bundle
             query_str = query if isinstance(query, str) else query.query_str
-            context = nodes if isinstance(nodes, str) else "\n\n".join(
-                n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes)
-            return spec.to_engine_prompt(template.partial_format(query_str=query_str), context_str=context)
+            return spec.to_engine_prompt(template.partial_format(query_str=query_str), context_str=nodes)
 
         parts = marked_parts(render, ["query", "nodes"])
         if parts is None:
