@@ -8,9 +8,9 @@ primitives and scheduled by Teola. Greedy decoding, short answers.
 from __future__ import annotations
 
 import asyncio
+from operator import itemgetter
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
@@ -21,6 +21,8 @@ from teola_plugin import datasets
 from teola_plugin.langchain import TeolaChatModel, TeolaEmbeddings, TeolaLLM, TeolaRunnable
 from teola_plugin.errors import ConfigError
 from teola_plugin.optimizer import CostModel
+
+from .run_trees import RunTreeRecorder
 
 QUESTIONS = [
     "Which NFL team represented the AFC at Super Bowl 50?",
@@ -224,22 +226,26 @@ def test_graph_and_explain_show_primitives_and_opaque_components(chat, retriever
     assert "no lowering rule" in TeolaRunnable(unknown | chain, runtime=runtime).explain("q")
 
 
-def test_callbacks_see_the_run_and_the_opaque_steps_as_children(chat, retriever, runtime):
-    class Recorder(BaseCallbackHandler):
-        def __init__(self):
-            self.starts: list[tuple[str, object, object]] = []
-
-        def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, **kwargs):
-            self.starts.append((kwargs.get("name"), run_id, parent_run_id))
-
+def test_callbacks_hear_the_run_tree_plain_reports(chat, retriever, runtime):
+    """Every run plain reports (the nested sequence, the parallel and its passthrough, the
+    parser Teola lowered away, the opaque function, the retriever, prompt and model), under
+    the same parent, with the same tags, inputs and outputs, nested and in step order."""
     prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
-    chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
-    recorder = Recorder()
-    fast = TeolaRunnable(chain, runtime=runtime).with_config(run_name="fast-rag")
-    fast.invoke(QUESTIONS[1], {"callbacks": [recorder]})
-    (root,) = [s for s in recorder.starts if s[0] == "fast-rag"]
-    assert root[2] is None
-    assert any(name == "format_docs" and parent == root[1] for name, _, parent in recorder.starts)
+    rag = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
+    assign = (RunnablePassthrough.assign(context=itemgetter("question") | retriever | format_docs)
+              | prompt | chat.with_config(run_name="answerer") | StrOutputParser())
+    paths = {}
+    for chain, question in ((rag.with_config(run_name="fast-rag"), QUESTIONS[1]),
+                            (assign, {"question": QUESTIONS[1]})):
+        plain, teola = RunTreeRecorder(), RunTreeRecorder()
+        expected = chain.invoke(question, {"callbacks": [plain]})
+        assert TeolaRunnable(chain, runtime=runtime).invoke(question, {"callbacks": [teola]}) == expected
+        assert teola.tree() == plain.tree() and len(plain.runs) >= 9
+        assert teola.nested() and plain.nested()
+        paths.update({path[-1]: path for path, *_ in teola.tree()})
+    assert paths["format_docs"] == ("RunnableSequence", "RunnableAssign<context>", "RunnableParallel<context>",
+                                    "RunnableSequence", "format_docs")
+    assert paths["answerer"] == ("RunnableSequence", "answerer")
 
 
 def test_inputs_the_chain_rejects_are_rejected_the_same_way(llm, runtime):

@@ -62,6 +62,7 @@ class PGraph:
         self._order: list[str] | None = None  # cache
         self._order_has_removed = False
         self._forward: set[str] = set()  # names referenced before they were added
+        self._moved: dict[Ref, Ref] = {}  # values a rewrite moved (replace_uses): old -> new
         self._frozen = False
         self.history: list[PassRecord] = []
 
@@ -185,7 +186,27 @@ class PGraph:
         for out_name in list(self._exported.get(old, ())):
             self.output(out_name, new)
             count += 1
+        if old != new:
+            self._moved[old] = new
         return count
+
+    def mark(self) -> int:
+        """A point in the graph's history of additions (see :meth:`added_since`)."""
+        return self._next_seq
+
+    def added_since(self, mark: int) -> list[str]:
+        """The nodes added after :meth:`mark` returned ``mark`` (still in the graph), in order."""
+        return [name for name, seq in self._seq.items() if seq >= mark]
+
+    def where_is(self, ref: Ref) -> Ref | None:
+        """Where the value ``ref`` named before the rewrites (``replace_uses``) is computed in
+        this graph: ``ref`` itself, the ref it was moved to (a duplicate merged away, a stage's
+        shards gathered), or None when no node computes it any more (dead code removed)."""
+        seen = set()
+        while ref in self._moved and ref not in seen:
+            seen.add(ref)
+            ref = self._moved[ref]
+        return ref if ref.node == INPUT and ref.port in self._inputs or ref.node in self._prims else None
 
     def remove(self, name: str) -> None:
         """Delete a node nobody reads or waits on (rewire its users first)."""
@@ -224,6 +245,7 @@ class PGraph:
         g._order = self._order  # never mutated in place, only replaced
         g._order_has_removed = self._order_has_removed
         g._forward = set(self._forward)
+        g._moved = dict(self._moved)
         g._frozen = False
         g.history = list(self.history)
         return g

@@ -15,11 +15,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.runnables.config import ensure_config
+
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..capture.langchain.rules.callbacks import streams_llm_calls
 from ..capture.langchain.tracer import FIELD_OUTPUT, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
+from .run_tree import RunTree, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
@@ -71,12 +74,15 @@ class ExecutionPlan:
             if name.startswith(FIELD_OUTPUT):
                 on_field(name[len(FIELD_OUTPUT):], value)  # type: ignore[misc]
 
+        config = ensure_config()  # the chain's run's child config: the caller's callbacks
+        runs = RunTree(self.trace.runs, self.graph, config) if self.trace.runs and listening(config) else None
         with routing_served_calls(runtime):  # opaque steps' model-server calls: the served engines
             out = await runtime.execute(
                 self.graph, self.graph_inputs(input), timeout_s=timeout_s,
                 on_token=(lambda text: text and on_token(text)) if on_token else None,
                 token_nodes=frozenset({tokens}) if tokens and on_token else frozenset(),
-                on_output=field_ready if on_field else None, stream_llm_calls=streams_llm_calls())
+                on_output=field_ready if on_field else None, stream_llm_calls=streams_llm_calls(),
+                observer=runs)
         return out["output"]
 
     def explain(self) -> str:

@@ -36,6 +36,7 @@ from .handlers import PrimitiveHandlers
 from .hosting import ReplicaPool
 from .policies import Priority
 from .requests import BatchInfo, StreamOpen
+from .run_observer import RunObserver
 from .timeline import Span, Timeline
 from .values import LLMState
 
@@ -121,6 +122,7 @@ class GraphRun:
         stream_llm_calls: bool = False,
         arrival: float | None = None,
         start_engines: Callable[..., Awaitable[Any]] | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         missing = set(graph.inputs) - set(inputs)
         if missing:
@@ -140,6 +142,7 @@ class GraphRun:
         self.stream_llm_calls = stream_llm_calls  # send LLM calls as streaming requests (someone hears tokens)
         self.arrival = arrival if arrival is not None else time.time()
         self.remaining = remaining_path(graph, cost)
+        self.observer = observer  # watches node by node (a framework's own run reports)
         self._values: dict[Ref, asyncio.Future[Any]] = {}
         self._done: dict[str, asyncio.Future[None]] = {}
         self._regions: dict[str, list[str]] = {}  # decode -> its pipelined nodes, in order
@@ -149,6 +152,18 @@ class GraphRun:
 
     # -- entry ---------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        if self.observer is None:
+            return await self._run_bounded()
+        self.observer.start(self.inputs)
+        try:
+            outputs = await self._run_bounded()
+        except BaseException as exc:
+            await self.observer.finish(exc)
+            raise
+        await self.observer.finish(None)
+        return outputs
+
+    async def _run_bounded(self) -> dict[str, Any]:
         deadline = asyncio.timeout(self.timeout_s)
         try:
             async with deadline:
@@ -260,6 +275,8 @@ class GraphRun:
     async def _run_node(self, prim: Primitive) -> None:
         try:
             inputs = await self._gather_inputs(prim)
+            if self.observer is not None:
+                await self.observer.entering(prim)
             outputs = await self._call(prim, inputs)
             for port in prim.outputs:
                 self._values[Ref(prim.name, port)].set_result(outputs.get(port))
@@ -268,6 +285,8 @@ class GraphRun:
                     self._states.append(value)
             if prim.name in self._regions:
                 await self._finish_region(prim)
+            if self.observer is not None:
+                self.observer.produced(prim, outputs)
             self._done[prim.name].set_result(None)
         except BaseException as exc:
             for port in prim.outputs:
@@ -316,6 +335,8 @@ class GraphRun:
         for name in region:
             prim = self.graph[name]
             inputs = await self._gather_inputs(prim, local)
+            if self.observer is not None:
+                await self.observer.entering(prim)
             outputs = await self._call(prim, inputs)
             for port in prim.outputs:
                 local[Ref(name, port)] = outputs.get(port)
@@ -327,6 +348,7 @@ class GraphRun:
         results = await asyncio.gather(*self._item_tasks.get(decode.name, []))
         for name in region:
             prim = self.graph[name]
+            gathered = {}
             for port in prim.outputs:
                 ref = Ref(name, port)
                 # An opaque region node (a lowered `.map()`) lists its per-item ports in attrs.
@@ -335,4 +357,7 @@ class GraphRun:
                 else:  # shard-invariant outputs (handles) are the same from every item
                     value = results[0][ref] if results else None
                 self._values[ref].set_result(value)
+                gathered[port] = value
+            if self.observer is not None:
+                self.observer.produced(prim, gathered)
             self._done[name].set_result(None)

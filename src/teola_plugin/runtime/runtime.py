@@ -38,6 +38,7 @@ from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
 from .loop_thread import LoopThread
 from .ray_startup import connect_ray
+from .run_observer import RunObserver
 from .stand_ins import may_stand_in, retire, start_stand_in
 from .timeline import Timeline
 
@@ -530,12 +531,13 @@ class Runtime:
         on_output: Callable[[str, Any], None] | None = None,
         stream_llm_calls: bool = False,
         engines: EngineNeeds | None = None,
+        observer: RunObserver | None = None,
     ) -> dict[str, Any]:
         """Run one query's graph (call on the runtime loop, e.g. through run_sync / run_async).
         ``on_token`` receives the text deltas of ``token_nodes``; ``on_output`` each graph
         output as soon as it is ready (name, value); ``stream_llm_calls`` sends every LLM call
         as a streaming request (a framework's callbacks hear its tokens); ``engines`` (its
-        trace's needs) are provided first."""
+        trace's needs) are provided first; ``observer`` watches the run node by node."""
         if not isinstance(graph, PGraph):
             raise TypeError(f"execute takes a PGraph, got {type(graph).__name__}")
         if not isinstance(inputs, Mapping):
@@ -551,7 +553,7 @@ class Runtime:
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes, on_output=on_output,
-                       stream_llm_calls=stream_llm_calls, start_engines=self.ready)
+                       stream_llm_calls=stream_llm_calls, start_engines=self.ready, observer=observer)
         try:
             return await run.run()
         except QueryTimeoutError as exc:

@@ -1,18 +1,20 @@
-"""The ``seq:step:N`` tag a step's run carries, as ``RunnableSequence`` gives it.
+"""The tag a component's run carries, as its parent gives it.
 
-Plain LangChain runs step N of a sequence with ``run_manager.get_child("seq:step:N")``: the
-step's run (a prompt's, a model's, a function's) is tagged with its position, and the tag is
-not inherited by the runs under it. A graph run reports the steps of the chain's own (root)
-sequence from their primitives, under the chain's run: :func:`step_config` is the config those
-primitives call or report with.
+Plain LangChain runs step N of a sequence with ``run_manager.get_child("seq:step:N")`` and
+branch K of a parallel with ``get_child("map:key:K")``: the component's run (a prompt's, a
+model's, a function's) is tagged with its position, and the tag is not inherited by the runs
+under it. A graph run reports each component's run from its primitives, under its parent's
+run (whose config the run tree puts in the primitive's context: ``langchain/run_tree.py``):
+:func:`step_config` is the config those primitives call or report with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
-from langchain_core.runnables.config import RunnableConfig, ensure_config, patch_config
+from langchain_core.runnables.config import RunnableConfig, ensure_config, merge_configs, patch_config
 
 
 def step_tag(index: int) -> str:
@@ -28,10 +30,18 @@ def with_step_tag(manager: Any, tag: str | None) -> Any:
     return tagged
 
 
-def step_config(tag: str | None) -> RunnableConfig | None:
+def step_config(tag: str | None, bound: Mapping[str, Any] | None = None) -> RunnableConfig | None:
     """The caller's config (from the context the graph's tasks inherit) with the step's tag on
-    its callbacks; None without a tag (the component reads the context itself)."""
-    if tag is None:
+    its callbacks and what ``with_config`` bindings give the component's run (``bound``: its
+    run_name, tags, metadata); None when there is neither (the component reads the context)."""
+    if tag is None and not bound:
         return None
     config = ensure_config()
-    return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag))
+    if bound:
+        config = merge_configs(config, dict(bound))
+    return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag), run_name=config.get("run_name"))
+
+
+# The config a component's own code runs with when Teola reports its run (a prompt template
+# rendered inside a model call's format): the same checks and result, no second run.
+UNREPORTED: RunnableConfig = {"callbacks": []}

@@ -39,7 +39,8 @@ from ..common import ComponentNote, NotLowerable, Trace
 from ..module_order import ModuleOrder
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
-from .step_runs import step_config
+from .run_scopes import RunScopeBuilder, RunScopes
+from .step_runs import UNREPORTED, step_config
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
 LoweringRule = Callable[["LangChainTracer", Any, Value], Value]
@@ -136,6 +137,7 @@ class LangChainTrace(Trace):
     # Every lowered call's stream is its text's tokens (what a graph run streams); False: one
     # streams more (tool-call chunks), so a streamed call runs the chain as it is.
     streams_text: bool = True
+    runs: RunScopes = field(default_factory=RunScopes)  # the callback run tree plain would report
 
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""
@@ -194,17 +196,21 @@ class LangChainTracer:
         self.notes: list[ComponentNote] = []
         self.streams_text = True  # every lowered call streams as its model does (see LangChainTrace)
         self._materialised: dict[int, tuple[Value, Ref]] = {}
-        self.root: Any = None  # the chain traced (its sequence's steps carry seq:step tags)
-        self._root_step: tuple[Any, str] | None = None  # (the root sequence's step being lowered, its tag)
-
-    def lowering_root_step(self, step: Any, tag: str | None) -> None:
-        """``step`` of the root sequence is being lowered (None: none is)."""
-        self._root_step = None if tag is None else (step, tag)
+        self.runs = RunScopeBuilder()  # the callback run tree plain reports (run_scopes.py)
 
     def step_tag_of(self, component: Any) -> str | None:
-        """``seq:step:N`` when ``component`` is itself a step of the traced chain's sequence:
-        its run carries that tag in plain (``step_runs.py``)."""
-        return self._root_step[1] if self._root_step is not None and self._root_step[0] is component else None
+        """The tag ``component``'s run carries (``seq:step:N``, ``map:key:K``; ``step_runs.py``).
+        A rule asks when its primitives report that run themselves (a model call, a retriever,
+        an opaque step's own ``invoke``); Teola reports the runs of the other components."""
+        return self.runs.tag_of(component)
+
+    def bound_config_of(self, component: Any) -> dict[str, Any]:
+        """The run_name / tags / metadata ``with_config`` bindings give ``component``'s run."""
+        return self.runs.bound_of(component)
+
+    def current_run(self) -> int | None:
+        """The run of the component being lowered (None: the chain's own)."""
+        return self.runs.current_run()
 
     # -- emitting --------------------------------------------------------------------------
     def add(self, op: Op, *, name: str | None = None, **kwargs: Any) -> Primitive:
@@ -239,14 +245,26 @@ class LangChainTracer:
         return self.graph.input(name, PortType.INDEX), engine
 
     # -- lowering --------------------------------------------------------------------------
-    def lower(self, runnable: Any, value: Value) -> Value:
+    def lower(self, runnable: Any, value: Value, tag: str | None = None) -> Value:
+        """Lower ``runnable`` applied to ``value``; ``tag``: the one its run carries in plain
+        (``seq:step:N`` as a sequence's step, ``map:key:K`` as a parallel's branch)."""
+        mark = self.graph.mark()
+        frame = self.runs.enter(runnable, tag, mark)
         rule = rule_for(type(runnable))
-        if rule is None:
-            return self.opaque_call(runnable, value, f"no lowering rule for {type(runnable).__name__}")
         try:
-            return rule(self, runnable, value)
-        except NotLowerable as why:
-            return self.opaque_call(runnable, value, str(why))
+            if rule is None:
+                out = self.opaque_call(runnable, value, f"no lowering rule for {type(runnable).__name__}")
+            else:
+                try:
+                    out = rule(self, runnable, value)
+                except NotLowerable as why:
+                    self.runs.abandon(frame)
+                    out = self.opaque_call(runnable, value, str(why))
+        except BaseException:
+            self.runs.frames.pop()
+            raise
+        self.runs.leave(frame, out, value, self.graph.added_since(mark))
+        return out
 
     def opaque_call(self, runnable: Any, value: Value, reason: str) -> Traced:
         """Run ``runnable.invoke`` (``ainvoke`` under an async call) unchanged on the
@@ -254,9 +272,10 @@ class LangChainTracer:
         runtime copies the caller's context."""
         ref = self.materialise(value)
         invoke, ainvoke, tag = runnable.invoke, runnable.ainvoke, self.step_tag_of(runnable)
+        bound = self.bound_config_of(runnable)
 
         async def call_unchanged(input: Any) -> Any:
-            return await as_the_caller_calls(invoke, ainvoke, input, step_config(tag))
+            return await as_the_caller_calls(invoke, ainvoke, input, step_config(tag, bound))
 
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
@@ -314,11 +333,12 @@ class LangChainTracer:
         template = prompt.template
         inputs = {k: self.materialise(v) for k, v in prompt.variables.fields}
 
-        def render(**variables: Any) -> Any:
-            return template.invoke(variables)
+        def render(**variables: Any) -> Any:  # the template's run: reported by the run tree
+            return template.invoke(variables, UNREPORTED)
 
         prim = self.add(Op.FORMAT, name="format", inputs=inputs, attrs={"render": render},
                         origin=prompt.origin)
+        self.runs.attribute(prim.name, prompt.run)
         return prim.out("prompt")
 
     # -- result ----------------------------------------------------------------------------
@@ -347,8 +367,8 @@ class LangChainTracer:
             shape = self._record_shape(value)
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
-        return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, notes=list(self.notes),
-                              engines=self.engines)
+        return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, self.runs.scopes,
+                              notes=list(self.notes), engines=self.engines)
 
 
 def _streams(value: Value) -> OutputShape:
@@ -370,5 +390,4 @@ def trace_runnable(runnable: Any, layout: InputLayout, name: str | None = None, 
 
     tracer = LangChainTracer(name or _node_base(component_name(runnable)), planner=planner,
                              engine_models=engine_models)
-    tracer.root = runnable
     return tracer.finish(tracer.lower(runnable, tracer.inputs(layout)), layout)

@@ -58,7 +58,7 @@ class PendingPrompt:
     template: Any  # langchain BasePromptTemplate
     variables: Record
     origin: str
-    step_tag: str | None = None  # seq:step:N when the template is a step of the traced sequence
+    run: int | None = None  # the template's run (run_scopes.py): ends when it is rendered
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ import operator
 from typing import Any
 
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import (RunnableBinding, RunnableLambda, RunnableParallel, RunnablePassthrough,
-                                      RunnableSequence)
+from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough, RunnableSequence
 from langchain_core.runnables.passthrough import RunnableAssign
 
 from ..step_runs import step_tag
@@ -22,29 +21,15 @@ from ..values import ChatReply, Kind, Record, Traced, Value
 
 @lowering(RunnableSequence)
 def lower_sequence(t: LangChainTracer, seq: RunnableSequence, value: Value) -> Value:
-    root = _unbound(t.root) is seq  # its steps' runs carry seq:step:N (step_runs.py)
     for i, step in enumerate(seq.steps):
-        if root:
-            t.lowering_root_step(step, step_tag(i))
-        try:
-            value = t.lower(step, value)
-        finally:
-            if root:
-                t.lowering_root_step(None, None)
+        value = t.lower(step, value, step_tag(i))  # its run carries seq:step:N (step_runs.py)
     return value
-
-
-def _unbound(runnable: Any) -> Any:
-    """A chain under its ``with_config`` / ``bind`` bindings (the sequence that runs)."""
-    while isinstance(runnable, RunnableBinding):
-        runnable = runnable.bound
-    return runnable
 
 
 @lowering(RunnableParallel)
 def lower_parallel(t: LangChainTracer, par: RunnableParallel, value: Value) -> Record:
     steps = list(par.steps__.items())
-    outs = t.branches([lambda step=step: t.lower(step, value) for _, step in steps])
+    outs = t.branches([lambda key=key, step=step: t.lower(step, value, f"map:key:{key}") for key, step in steps])
     return Record.of({key: out for (key, _), out in zip(steps, outs)})
 
 
@@ -59,7 +44,10 @@ def lower_passthrough(t: LangChainTracer, passthrough: RunnablePassthrough, valu
 def lower_assign(t: LangChainTracer, assign: RunnableAssign, value: Value) -> Value:
     if not isinstance(value, Record):
         raise NotLowerable("input is not a dict with keys known while tracing")
-    added = lower_parallel(t, assign.mapper, value)  # the mapper is a RunnableParallel
+    if not isinstance(assign.mapper, RunnableParallel):
+        raise NotLowerable(f"its mapper is a {type(assign.mapper).__name__}, not a RunnableParallel")
+    added = t.lower(assign.mapper, value)  # its own run, a child of the assign's (untagged, as plain)
+    assert isinstance(added, Record)  # a RunnableParallel always lowers to one
     return Record.of({**value.as_dict(), **added.as_dict()})
 
 

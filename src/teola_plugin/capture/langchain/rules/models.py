@@ -25,7 +25,7 @@ from ...prompt_parts import marked_parts
 from ...llm_calls import emit_llm_call
 from ...lowerable import LLMCallSpec, LowerableLLM
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
-from ..step_runs import step_config
+from ..step_runs import UNREPORTED
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
@@ -41,11 +41,11 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
     model's own input conversion, fused) and a prompt-length guess for the cost model."""
     convert = spec.to_engine_prompt
     if isinstance(value, PendingPrompt):
-        template, tag = value.template, value.step_tag
+        template = value.template
         inputs = {name: t.materialise(v) for name, v in value.variables.fields}
 
-        def render(**variables: Any) -> Any:
-            return convert(template.invoke(variables, step_config(tag)))
+        def render(**variables: Any) -> Any:  # the template's run: reported by the run tree (run_tree.py)
+            return convert(template.invoke(variables, UNREPORTED))
 
         parts = literal_parts(template, set(inputs)) if spec.string_prompts else None
         if parts is None:  # a chat template, a served model's request body: described by its own
@@ -56,7 +56,9 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
             attrs["parts"] = parts
         literal = sum(len(p) for p in parts if isinstance(p, str)) if parts else 256
         est = literal // CHARS_PER_TOKEN + TOKENS_PER_VARIABLE * len(inputs)
-        return t.add(Op.FORMAT, name="format", inputs=inputs, attrs=attrs, origin=value.origin), est
+        fmt = t.add(Op.FORMAT, name="format", inputs=inputs, attrs=attrs, origin=value.origin)
+        t.runs.attribute(fmt.name, value.run)  # it reports the template's run, where plain's template would
+        return fmt, est
 
     def render_input(input: Any) -> Any:
         return convert(input)

@@ -36,8 +36,7 @@ def template_variables(template: BasePromptTemplate, value: Value) -> Record:
 
 @lowering(BasePromptTemplate)
 def lower_template(t: LangChainTracer, template: BasePromptTemplate, value: Value) -> Value:
-    return PendingPrompt(template, template_variables(template, value), component_name(template),
-                         t.step_tag_of(template))
+    return PendingPrompt(template, template_variables(template, value), component_name(template), t.current_run())
 
 
 def literal_parts(template: Any, ports: set[str]) -> list[Any] | None:

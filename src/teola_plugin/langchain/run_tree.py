@@ -1,0 +1,189 @@
+"""A graph run of a lowered chain reports the callback run tree plain LangChain reports.
+
+The trace recorded which component's run each primitive belongs to (``RunScopes``,
+``capture/langchain/run_scopes.py``). While the graph runs, :class:`RunTree` (the graph run's
+observer):
+
+* starts the run of every lowered glue component (a sequence, a parallel, ``assign``, a
+  passthrough, ``StrOutputParser``, a composite retriever) when its parent's run has started
+  and its input is known (a sequence step: once the step before it ended, as plain runs
+  them), with that input, its name, tag, tags and metadata; and ends it, with its output,
+  when its output is known and every run inside it ended;
+* runs each primitive that reports a run itself (a model call, a retriever, a prompt, an
+  opaque step) with the config of its parent's run in its context (``ensure_config``), so
+  that run is its parent's child, as in plain. Such a primitive waits for its parent's run
+  to start (and, a sequence step, for the step before to end); nothing else does: engine
+  work never waits for a callback;
+* on failure, reports ``on_chain_error`` (``on_retriever_error``) for every run still open,
+  innermost first, as plain's runs do while the error passes through them.
+
+Values a rewrite moved (a stage's shards gathered, a duplicate merged) are read where the
+optimized graph computes them (``PGraph.where_is``); one no node computes any more (dead
+code) reads as None. Only built when the call's callbacks have handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.callbacks import CallbackManager
+from langchain_core.messages import AIMessage
+from langchain_core.runnables.config import (RunnableConfig, get_callback_manager_for_config, merge_configs,
+                                             patch_config, var_child_runnable_config)
+
+from ..capture.langchain.run_scopes import RunScope, RunScopes
+from ..capture.langchain.step_runs import with_step_tag
+from ..capture.langchain.values import ChatReply, PendingPrompt, Record, Traced, Value
+from ..ir.graph import PGraph
+from ..ir.node import INPUT, Primitive, Ref
+from ..ir.ops import Op
+from ..runtime.framework_threads import in_framework_thread
+
+log = logging.getLogger("teola_plugin.langchain")
+REPORTING_OPS = frozenset({Op.OPAQUE, Op.FORMAT})  # the CPU steps that run a component's own code
+FINISH_WAIT_S = 30.0  # bound on reporting the last runs' ends after the graph finished
+
+
+def listening(config: RunnableConfig) -> bool:
+    """The call's callbacks have handlers (else nobody hears a run tree)."""
+    callbacks = config.get("callbacks")
+    if isinstance(callbacks, CallbackManager):
+        return bool(callbacks.handlers)
+    return bool(callbacks)
+
+
+class RunTree:
+    """One graph run's reporter of the chain's run tree (a ``RunObserver``)."""
+
+    def __init__(self, scopes: RunScopes, graph: PGraph, config: RunnableConfig) -> None:
+        self.scopes = scopes
+        self.graph = graph
+        self.config = config  # the chain's own run's child config (the caller's context)
+        self.reported = {i: s for i, s in scopes.runs.items() if s.reported}
+        self._values: dict[Ref, asyncio.Future[Any]] = {}
+        self._node_done: dict[str, asyncio.Future[None]] = {}
+        self._started: dict[int, asyncio.Future[RunnableConfig]] = {}  # run -> its children's config
+        self._ended: dict[int, asyncio.Future[None]] = {}
+        self._open: dict[int, Any] = {}  # run -> its run manager, between start and end (in start order)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- the observer ------------------------------------------------------------------------
+    def start(self, inputs: Mapping[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        for name, value in inputs.items():
+            self._future(Ref(INPUT, name)).set_result(value)
+        for run in self.scopes.runs:
+            self._started[run] = loop.create_future()
+            self._ended[run] = loop.create_future()
+        for node in self.scopes.nodes:
+            if node in self.graph:
+                self._node_done[node] = loop.create_future()
+        for run in self.scopes.runs.values():
+            self._tasks.append(loop.create_task(self._report(run) if run.reported else self._follow(run),
+                                                name=f"run:{run.name}"))
+
+    async def entering(self, prim: Primitive) -> None:
+        run = self.scopes.nodes.get(prim.name)
+        if run is None or prim.op not in REPORTING_OPS:
+            return
+        own = self.scopes.runs[run]
+        if not own.reported and own.after is not None:  # its run starts once the step before ended
+            await self._ended[own.after]
+        parent = self.scopes.reporter_of(run)
+        if parent is not None:
+            var_child_runnable_config.set(await self._started[parent])
+
+    def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
+        for port in prim.outputs:
+            future = self._future(Ref(prim.name, port))
+            if not future.done():
+                future.set_result(outputs.get(port))
+        done = self._node_done.get(prim.name)
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    async def finish(self, error: BaseException | None) -> None:
+        if error is None:
+            done, pending = await asyncio.wait(self._tasks, timeout=FINISH_WAIT_S) if self._tasks else (set(), set())
+            if pending:
+                log.warning("callback runs %s did not end with the graph run", sorted(t.get_name() for t in pending))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if error is not None:
+            for run, manager in reversed(list(self._open.items())):  # innermost (started last) first
+                report = manager.on_retriever_error if self.scopes.runs[run].kind == "retriever" else manager.on_chain_error
+                await in_framework_thread(report, error)
+        self._open.clear()
+
+    # -- runs ----------------------------------------------------------------------------------
+    def _future(self, ref: Ref) -> asyncio.Future[Any]:
+        future = self._values.get(ref)
+        if future is None:
+            future = self._values[ref] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def _child_config(self, run: int | None) -> RunnableConfig:
+        return self.config if run is None else await self._started[run]
+
+    async def _report(self, run: RunScope) -> None:
+        """Start ``run`` once its parent started, its input is known and the step before it
+        ended; end it once its output is known and everything inside it ended."""
+        config = await self._child_config(self.scopes.reporter_of(run.parent))
+        input = await self._value(run.input)
+        if run.after is not None:
+            await self._ended[run.after]
+        if run.bound:
+            config = merge_configs(config, dict(run.bound))
+        config = patch_config(config, callbacks=with_step_tag(config.get("callbacks"), run.tag))
+        manager = get_callback_manager_for_config(config)
+        name = run.bound.get("run_name") or run.name
+        if run.kind == "retriever":
+            handle = await in_framework_thread(manager.on_retriever_start, None, input, name=name)
+        else:
+            run_type = run.kind if run.kind in ("parser", "prompt") else None
+            handle = await in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
+        self._open[run.id] = handle
+        self._started[run.id].set_result(patch_config(config, callbacks=handle.get_child()))
+        output = await self._inside_done(run)
+        if run.kind == "retriever":
+            await in_framework_thread(handle.on_retriever_end, output)
+        else:
+            await in_framework_thread(handle.on_chain_end, output)
+        del self._open[run.id]
+        self._ended[run.id].set_result(None)
+
+    async def _follow(self, run: RunScope) -> None:
+        """A run its component's own code reports: it has ended once its output is known and
+        its primitives (the ones that report it) are done."""
+        await self._inside_done(run)
+        self._ended[run.id].set_result(None)
+
+    async def _inside_done(self, run: RunScope) -> Any:
+        nodes = [n for n, r in self.scopes.nodes.items() if r == run.id and n in self._node_done]
+        output = await self._value(run.output)
+        for child in self.scopes.children(run.id):
+            await self._ended[child]
+        for node in nodes:
+            await self._node_done[node]
+        return output
+
+    async def _value(self, value: Value | None) -> Any:
+        """The run-time value a traced value stands for."""
+        if value is None:
+            return None
+        if isinstance(value, Traced):
+            ref = self.graph.where_is(value.ref)
+            return None if ref is None else await self._future(ref)
+        if isinstance(value, Record):
+            return {k: await self._value(v) for k, v in value.fields}
+        if isinstance(value, ChatReply):
+            message = await self._value(Traced(value.message)) if value.message is not None else None
+            return message if message is not None else AIMessage(content=await self._value(value.text))
+        if isinstance(value, PendingPrompt):
+            variables = await self._value(value.variables)
+            return value.template.format_prompt(**variables)  # no run: the template's run is its own
+        raise TypeError(f"not a traced value: {value!r}")
