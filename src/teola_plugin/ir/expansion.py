@@ -26,3 +26,6 @@ class Expansion:
     # The outputs to use instead when the sub-graph raises one of these (a framework that
     # drops a failed sub-query, as LlamaIndex's sub-question engine drops a ValueError).
     recover: tuple[type[Exception], Callable[[Exception], Mapping[str, Any]]] | None = None
+    # Watches the sub-graph's run node by node (``runtime/run_observer.py``: a framework's
+    # own run reports, e.g. the run of the LangChain sub-chain it is); None: nobody.
+    observer: Any = None

@@ -19,10 +19,11 @@ from langchain_core.runnables.config import ensure_config
 
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..capture.langchain.rules.callbacks import streams_llm_calls
-from ..capture.langchain.tracer import FIELD_OUTPUT, text_tokens
+from ..capture.langchain.run_scopes import binding_config
+from ..capture.langchain.tracer import FIELD_OUTPUT, SubPlan, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
-from .run_tree import RunTree, listening
+from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize
 from ..runtime.runtime import Runtime
@@ -148,11 +149,18 @@ class SubPlans:
     def engine_specs(self) -> Mapping[str, Any]:
         return self.runtime.specs
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
-        """Called by an expanding primitive on the runtime loop; tracing runs off the loop."""
+    async def sub_plan(self, runnable: Any, input: Any, tag: str | None = None) -> SubPlan:
+        """Called by an expanding primitive on the runtime loop; tracing runs off the loop.
+        When the caller's callbacks listen, the plan reports the sub-chain's run tree under the
+        expanding component's run (``tag``: the one the sub-chain's run carries there)."""
         layout = InputLayout.of(input)
         with self._lock:
             known = self._plans.get((id(runnable), layout))
         plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
         await self.runtime.provide(plan.trace.engines)
-        return plan.graph, plan.graph_inputs(input), text_tokens(plan.trace.output)
+        config = ensure_config()  # the expanding component's run's child config
+        observer = None
+        if listening(config):
+            own = SubChainRun(runnable.get_name(), tag, binding_config(runnable), input)
+            observer = RunTree(plan.trace.runs, plan.graph, config, own)
+        return SubPlan(plan.graph, plan.graph_inputs(input), text_tokens(plan.trace.output), observer)

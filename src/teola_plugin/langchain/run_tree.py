@@ -17,6 +17,10 @@ observer):
 * on failure, reports ``on_chain_error`` (``on_retriever_error``) for every run still open,
   innermost first, as plain's runs do while the error passes through them.
 
+A sub-chain met at run time (a ``RunnableBranch``'s chosen branch, a ``RunnableEach``'s
+element) runs as an expansion with a run tree of its own, which also reports the sub-chain's
+own run (:class:`SubChainRun`), as the branch's / element's ``invoke`` would.
+
 Values a rewrite moved (a stage's shards gathered, a duplicate merged) are read where the
 optimized graph computes them (``PGraph.where_is``); one no node computes any more (dead
 code) reads as None. Only built when the call's callbacks have handlers.
@@ -27,9 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.callbacks import CallbackManager
 from langchain_core.messages import AIMessage
 from langchain_core.runnables.config import (RunnableConfig, get_callback_manager_for_config, merge_configs,
                                              patch_config, var_child_runnable_config)
@@ -48,26 +52,38 @@ FINISH_WAIT_S = 30.0  # bound on reporting the last runs' ends after the graph f
 
 
 def listening(config: RunnableConfig) -> bool:
-    """The call's callbacks have handlers (else nobody hears a run tree)."""
-    callbacks = config.get("callbacks")
-    if isinstance(callbacks, CallbackManager):
-        return bool(callbacks.handlers)
-    return bool(callbacks)
+    """Someone hears the call's runs: a handler of its callbacks, or one LangChain's configure
+    hooks add to every run (``collect_runs``, LangSmith tracing)."""
+    return bool(get_callback_manager_for_config(config).handlers)
+
+
+@dataclass(frozen=True)
+class SubChainRun:
+    """The run of a sub-chain a graph expands into: its name, tag and bindings, its input."""
+
+    name: str
+    tag: str | None
+    bound: Mapping[str, Any] = field(default_factory=dict)
+    input: Any = None
 
 
 class RunTree:
-    """One graph run's reporter of the chain's run tree (a ``RunObserver``)."""
+    """One graph run's reporter of the chain's run tree (a ``RunObserver``). ``own``: the
+    sub-chain whose run this graph is (None: the chain ``TeolaRunnable`` runs, whose run it
+    has started itself)."""
 
-    def __init__(self, scopes: RunScopes, graph: PGraph, config: RunnableConfig) -> None:
+    def __init__(self, scopes: RunScopes, graph: PGraph, config: RunnableConfig,
+                 own: SubChainRun | None = None) -> None:
         self.scopes = scopes
         self.graph = graph
-        self.config = config  # the chain's own run's child config (the caller's context)
-        self.reported = {i: s for i, s in scopes.runs.items() if s.reported}
+        self.config = config  # the caller's context: the chain's run's child config, or the caller's own
+        self.own = own
         self._values: dict[Ref, asyncio.Future[Any]] = {}
         self._node_done: dict[str, asyncio.Future[None]] = {}
-        self._started: dict[int, asyncio.Future[RunnableConfig]] = {}  # run -> its children's config
+        # run -> its children's config once it started (None: the chain's own run)
+        self._started: dict[int | None, asyncio.Future[RunnableConfig]] = {}
         self._ended: dict[int, asyncio.Future[None]] = {}
-        self._open: dict[int, Any] = {}  # run -> its run manager, between start and end (in start order)
+        self._open: dict[int | None, Any] = {}  # run -> its run manager, between start and end (in start order)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- the observer ------------------------------------------------------------------------
@@ -75,25 +91,33 @@ class RunTree:
         loop = asyncio.get_running_loop()
         for name, value in inputs.items():
             self._future(Ref(INPUT, name)).set_result(value)
-        for run in self.scopes.runs:
+        for run in [None, *self.scopes.runs]:
             self._started[run] = loop.create_future()
+        for run in self.scopes.runs:
             self._ended[run] = loop.create_future()
         for node in self.scopes.nodes:
             if node in self.graph:
                 self._node_done[node] = loop.create_future()
+        if self.own is None:
+            self._started[None].set_result(self.config)
+        elif self.scopes.root_reports_itself:  # its own code reports its run: with its tag
+            self._started[None].set_result(self._tagged(self.config, self.own.tag))
+        else:
+            self._tasks.append(loop.create_task(self._report_own(self.own), name=f"run:{self.own.name}"))
         for run in self.scopes.runs.values():
             self._tasks.append(loop.create_task(self._report(run) if run.reported else self._follow(run),
                                                 name=f"run:{run.name}"))
 
     async def entering(self, prim: Primitive) -> None:
-        run = self.scopes.nodes.get(prim.name)
-        if run is None or prim.op not in REPORTING_OPS:
+        if prim.op not in REPORTING_OPS:
             return
-        own = self.scopes.runs[run]
-        if not own.reported and own.after is not None:  # its run starts once the step before ended
-            await self._ended[own.after]
-        parent = self.scopes.reporter_of(run)
-        if parent is not None:
+        run = self.scopes.nodes.get(prim.name)
+        if run is not None:
+            own = self.scopes.runs[run]
+            if not own.reported and own.after is not None:  # its run starts once the step before ended
+                await self._ended[own.after]
+        parent = None if run is None else self.scopes.reporter_of(run)
+        if parent is not None or self.own is not None:  # else the context already is the chain's run's
             var_child_runnable_config.set(await self._started[parent])
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
@@ -106,6 +130,7 @@ class RunTree:
             done.set_result(None)
 
     async def finish(self, error: BaseException | None) -> None:
+        own = self._open.get(None) if None in self._open else None
         if error is None:
             done, pending = await asyncio.wait(self._tasks, timeout=FINISH_WAIT_S) if self._tasks else (set(), set())
             if pending:
@@ -113,10 +138,13 @@ class RunTree:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if error is None and own is not None and None in self._open:
+            del self._open[None]
+            await in_framework_thread(own.on_chain_end, await self._future(self.graph.outputs["output"]))
         if error is not None:
             for run, manager in reversed(list(self._open.items())):  # innermost (started last) first
-                report = manager.on_retriever_error if self.scopes.runs[run].kind == "retriever" else manager.on_chain_error
-                await in_framework_thread(report, error)
+                retriever = run is not None and self.scopes.runs[run].kind == "retriever"
+                await in_framework_thread(manager.on_retriever_error if retriever else manager.on_chain_error, error)
         self._open.clear()
 
     # -- runs ----------------------------------------------------------------------------------
@@ -126,19 +154,30 @@ class RunTree:
             future = self._values[ref] = asyncio.get_running_loop().create_future()
         return future
 
-    async def _child_config(self, run: int | None) -> RunnableConfig:
-        return self.config if run is None else await self._started[run]
+    @staticmethod
+    def _tagged(config: RunnableConfig, tag: str | None) -> RunnableConfig:
+        return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag))
+
+    async def _report_own(self, own: SubChainRun) -> None:
+        """Start the sub-chain's own run (its end: ``finish``, with the graph's output)."""
+        config = merge_configs(self.config, dict(own.bound)) if own.bound else self.config
+        config = self._tagged(config, own.tag)
+        manager = get_callback_manager_for_config(config)
+        handle = await in_framework_thread(manager.on_chain_start, None, own.input,
+                                           name=own.bound.get("run_name") or own.name)
+        self._open[None] = handle
+        self._started[None].set_result(patch_config(config, callbacks=handle.get_child()))
 
     async def _report(self, run: RunScope) -> None:
         """Start ``run`` once its parent started, its input is known and the step before it
         ended; end it once its output is known and everything inside it ended."""
-        config = await self._child_config(self.scopes.reporter_of(run.parent))
+        config = await self._started[self.scopes.reporter_of(run.parent)]
         input = await self._value(run.input)
         if run.after is not None:
             await self._ended[run.after]
         if run.bound:
             config = merge_configs(config, dict(run.bound))
-        config = patch_config(config, callbacks=with_step_tag(config.get("callbacks"), run.tag))
+        config = self._tagged(config, run.tag)
         manager = get_callback_manager_for_config(config)
         name = run.bound.get("run_name") or run.name
         if run.kind == "retriever":

@@ -308,7 +308,7 @@ class GraphRun:
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
             start_engines=self.start_engines,
             handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
-            stream_llm_calls=self.stream_llm_calls,
+            stream_llm_calls=self.stream_llm_calls, observer=expansion.observer,
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
                          else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),
         )

@@ -6,12 +6,14 @@ component it invokes (a sequence step tagged ``seq:step:N``, a parallel branch t
 graph, so the tracer records that tree while it lowers (one :class:`RunScope` per component
 that has a run in plain), and a graph run reports it again (``langchain/run_tree.py``):
 
-* a component whose primitives report their own run (a model call, a retriever, a prompt, an
-  opaque step's own ``invoke``: the rules that ask ``step_tag_of``) is reported by its own
-  code; it only needs to run under the right parent run;
+* a component whose primitives report their own run (a model call, a retriever, an opaque
+  step's own ``invoke``: the rules that ask ``step_tag_of``) is reported by its own code; it
+  only needs to run under the right parent run;
 * a component lowered into routing or glue (a sequence, a parallel, ``assign``, a
-  passthrough, ``StrOutputParser``, a composite retriever) has no code left that would report
-  it: Teola reports its run, with its input and output, from the graph's values.
+  passthrough, ``StrOutputParser``, a prompt template fused into the model call that renders
+  it, a composite retriever, ``RunnableEach`` / ``RunnableBranch``) has no code left that
+  would report it as plain does: Teola reports its run, with its input and output, from the
+  graph's values.
 
 ``with_config`` bindings have no run of their own: they name, tag and annotate the run of
 what they bind, as in plain. The chain itself is the run ``TeolaRunnable`` opens.
@@ -50,6 +52,7 @@ class RunScopes:
 
     runs: dict[int, RunScope] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # primitive -> the run it is part of
+    root_reports_itself: bool = False  # the chain's own run is reported by its primitives (a model, an opaque step)
 
     def reporter_of(self, run: int | None) -> int | None:
         """The nearest run Teola reports, at or above ``run`` (None: the chain's own): the
@@ -150,7 +153,8 @@ class RunScopeBuilder:
     def leave(self, frame: Frame, value: Value, input: Value, new_nodes: list[str]) -> None:
         """``frame``'s component lowered to ``value``; ``new_nodes``: what it emitted itself."""
         self.frames.pop()
-        if frame.run is None:
+        if frame.run is None:  # the chain itself (or a binding around it)
+            self.scopes.root_reports_itself |= frame.reports_itself
             return
         reported = not (frame.reports_itself or frame.transparent)
         after = None
@@ -176,6 +180,20 @@ class RunScopeBuilder:
         """``node`` reports the run ``run`` (a prompt's format, emitted by the model that renders it)."""
         if run is not None:
             self.scopes.nodes[node] = run
+
+
+def binding_config(runnable: Any) -> dict[str, Any]:
+    """The run_name / tags / metadata the ``with_config`` bindings around ``runnable`` give its run."""
+    from langchain_core.runnables import RunnableBinding
+
+    layers = []
+    while isinstance(runnable, RunnableBinding):
+        layers.append({k: runnable.config[k] for k in ("run_name", "tags", "metadata") if runnable.config.get(k)})
+        runnable = runnable.bound
+    merged: dict[str, Any] = {}
+    for own in layers:  # outermost first: each inner binding's own config under what is merged so far
+        merged = _merged(own, merged)
+    return merged
 
 
 def _name(component: Any) -> str:

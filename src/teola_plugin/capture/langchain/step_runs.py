@@ -42,6 +42,12 @@ def step_config(tag: str | None, bound: Mapping[str, Any] | None = None) -> Runn
     return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag), run_name=config.get("run_name"))
 
 
-# The config a component's own code runs with when Teola reports its run (a prompt template
-# rendered inside a model call's format): the same checks and result, no second run.
-UNREPORTED: RunnableConfig = {"callbacks": []}
+def render_unreported(template: Any, variables: Mapping[str, Any]) -> Any:
+    """What ``template.invoke(variables)`` returns (the same input checks and errors) without
+    reporting its run: Teola reports that one (``langchain/run_tree.py``). Not through a config
+    without callbacks: LangChain's configure hooks (``collect_runs``, LangSmith tracing) would
+    still hear it, as a run without a parent."""
+    render = getattr(template, "_format_prompt_with_error_handling", None)  # what invoke runs in its run
+    if render is None:  # a langchain-core without it: its own invoke
+        return template.invoke(dict(variables))
+    return render(dict(variables))

@@ -40,7 +40,7 @@ from ..module_order import ModuleOrder
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
 from .run_scopes import RunScopeBuilder, RunScopes
-from .step_runs import UNREPORTED, step_config
+from .step_runs import render_unreported, step_config
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
 
 LoweringRule = Callable[["LangChainTracer", Any, Value], Value]
@@ -157,12 +157,22 @@ def _node_base(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_") or "component"
 
 
+@dataclass(frozen=True)
+class SubPlan:
+    """The graph a runnable met at run time runs on one input: its output ``"output"`` is
+    ``runnable.invoke(input)``."""
+
+    graph: PGraph
+    inputs: dict[str, Any]
+    tokens: str | None = None  # the node whose tokens are the output's text, if any
+    observer: Any = None  # reports the sub-chain's callback runs (``langchain/run_tree.py``), if anyone listens
+
+
 class SubPlanner(Protocol):
     """Builds, at run time, the graph a runnable runs on one concrete input (for expansions)."""
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
-        """``(graph, graph inputs, node whose tokens are the output's text or None)``; the
-        graph's output ``"output"`` is ``runnable.invoke(input)``."""
+    async def sub_plan(self, runnable: Any, input: Any, tag: str | None = None) -> SubPlan:
+        """``tag``: the one ``runnable``'s callback run carries under the caller's (``branch:N``)."""
         ...
 
     def engine_specs(self) -> Mapping[str, Any]:
@@ -176,9 +186,9 @@ class TraceOnlyPlanner:
     def __init__(self, engine_models: Mapping[str, ServedModel | str] | None = None) -> None:
         self.engine_models = dict(engine_models or {})
 
-    async def sub_plan(self, runnable: Any, input: Any) -> tuple[PGraph, dict[str, Any], str | None]:
+    async def sub_plan(self, runnable: Any, input: Any, tag: str | None = None) -> SubPlan:
         trace = trace_runnable(runnable, InputLayout.of(input), planner=self, engine_models=self.engine_models)
-        return trace.graph, trace.feed(input), text_tokens(trace.output)
+        return SubPlan(trace.graph, trace.feed(input), text_tokens(trace.output))
 
     def engine_specs(self) -> Mapping[str, Any]:
         return {}  # no runtime: framework models are not mapped onto engines
@@ -334,7 +344,7 @@ class LangChainTracer:
         inputs = {k: self.materialise(v) for k, v in prompt.variables.fields}
 
         def render(**variables: Any) -> Any:  # the template's run: reported by the run tree
-            return template.invoke(variables, UNREPORTED)
+            return render_unreported(template, variables)
 
         prim = self.add(Op.FORMAT, name="format", inputs=inputs, attrs={"render": render},
                         origin=prompt.origin)

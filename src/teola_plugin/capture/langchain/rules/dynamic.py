@@ -15,7 +15,8 @@ tracer's ``SubPlanner`` (traced and optimized once per runnable and input layout
   parser keeps), the elements run again on the parser's list, so the result is always
   what ``bound.batch(parser_output)`` returns.
 * ``RunnableBranch``: the conditions run by their own code (in order, first truthy wins,
-  as LangChain does), then the chosen branch's lowered sub-graph runs.
+  as LangChain does, each run tagged ``condition:N``), then the chosen branch's lowered
+  sub-graph runs (its run tagged ``branch:N`` / ``branch:default``).
 """
 
 from __future__ import annotations
@@ -32,28 +33,30 @@ from ....ir.node import Ref
 from ....ir.ops import Op
 from ....ir.expansion import Expansion
 from ....runtime.caller import as_the_caller_calls
-from ..tracer import OUT, LangChainTracer, SubPlanner, component_name, lowering
+from ..step_runs import step_config
+from ..tracer import OUT, LangChainTracer, SubPlan, SubPlanner, component_name, lowering
 from ..values import Traced, Value
 
 RESULT = "output"  # the output of a sub-plan graph
 
 
-def _run_sub_graph(graph: PGraph, feed: dict[str, Any]):
+def _run_sub_plan(plan: SubPlan):
     async def run_element() -> Expansion:
-        return Expansion(graph, feed)
+        return Expansion(plan.graph, plan.inputs, observer=plan.observer)
 
     return run_element
 
 
 async def expand_each(planner: SubPlanner, bound: Any, elements: list[Any], origin: str) -> Expansion:
-    """One opaque node per element, each expanding into the element's own sub-graph; a
+    """One opaque node per element, each expanding into the element's own sub-graph (its
+    own callback run, a child of the ``RunnableEach``'s, as ``bound.batch`` reports it); a
     ``list`` aggregate collects the outputs in element order."""
     graph = PGraph(f"{origin}_each")
     plans = await asyncio.gather(*(planner.sub_plan(bound, x) for x in elements))
     outs = {}
-    for i, (sub, feed, _) in enumerate(plans):
+    for i, plan in enumerate(plans):
         node = graph.add(Op.OPAQUE, name=f"element_{i}", outputs=[RESULT], origin=origin,
-                         attrs={"fn": _run_sub_graph(sub, feed), "pure": True})
+                         attrs={"fn": _run_sub_plan(plan), "pure": True})
         outs[f"in{i}"] = node.out(RESULT)
     collect = graph.add(Op.AGGREGATE, name="elements", inputs=outs, attrs={"mode": "list"}, origin=origin)
     graph.output(OUT, collect.out())
@@ -122,13 +125,14 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
     cases, default = list(branch.branches), branch.default
 
     async def run_branch(input: Any) -> Expansion:
-        chosen = default
-        for condition, runnable in cases:  # in order; a condition's own code decides
-            if await as_the_caller_calls(condition.invoke, condition.ainvoke, input):
-                chosen = runnable
+        chosen, tag = default, "branch:default"
+        for i, (condition, runnable) in enumerate(cases):  # in order; a condition's own code decides
+            if await as_the_caller_calls(condition.invoke, condition.ainvoke, input, step_config(f"condition:{i + 1}")):
+                chosen, tag = runnable, f"branch:{i + 1}"
                 break
-        sub, feed, tokens = await planner.sub_plan(chosen, input)
-        return Expansion(sub, feed, token_nodes=frozenset({tokens}) if tokens else frozenset())  # str deltas only
+        plan = await planner.sub_plan(chosen, input, tag)
+        return Expansion(plan.graph, plan.inputs, token_nodes=frozenset({plan.tokens}) if plan.tokens else frozenset(),
+                         observer=plan.observer)  # str deltas only
 
     prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
                  attrs={"fn": run_branch, "expands": "the chosen branch",

@@ -25,7 +25,7 @@ from ...prompt_parts import marked_parts
 from ...llm_calls import emit_llm_call
 from ...lowerable import LLMCallSpec, LowerableLLM
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
-from ..step_runs import UNREPORTED
+from ..step_runs import render_unreported
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
 from .callbacks import call_reporters
 from .foreign import foreign_call_spec
@@ -45,7 +45,7 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
         inputs = {name: t.materialise(v) for name, v in value.variables.fields}
 
         def render(**variables: Any) -> Any:  # the template's run: reported by the run tree (run_tree.py)
-            return convert(template.invoke(variables, UNREPORTED))
+            return convert(render_unreported(template, variables))
 
         parts = literal_parts(template, set(inputs)) if spec.string_prompts else None
         if parts is None:  # a chat template, a served model's request body: described by its own
