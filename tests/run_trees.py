@@ -29,7 +29,14 @@ def _comparable(value: Any) -> Any:
     return value
 
 
+def _class_name(serialized: Any) -> str:
+    """A model run's name when its call names none: its class, as tracers name it."""
+    return ((serialized or {}).get("id") or ["model"])[-1]
+
+
 class RunTreeRecorder(BaseCallbackHandler):
+    comparable = staticmethod(_comparable)
+
     def __init__(self) -> None:
         self.runs: dict[Any, dict[str, Any]] = {}
         self.events: list[tuple[str, Any]] = []  # (start / end, run id), in order
@@ -50,10 +57,10 @@ class RunTreeRecorder(BaseCallbackHandler):
         self._end(run_id, outputs)
 
     def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, tags=None, **kwargs):
-        self._start("chat_model", kwargs.get("name"), run_id, parent_run_id, tags, messages)
+        self._start("chat_model", kwargs.get("name") or _class_name(serialized), run_id, parent_run_id, tags, messages)
 
     def on_llm_start(self, serialized, prompts, *, run_id, parent_run_id=None, tags=None, **kwargs):
-        self._start("llm", kwargs.get("name"), run_id, parent_run_id, tags, prompts)
+        self._start("llm", kwargs.get("name") or _class_name(serialized), run_id, parent_run_id, tags, prompts)
 
     def on_llm_end(self, response, *, run_id, **kwargs):
         self._end(run_id, response.generations[0][0].text)

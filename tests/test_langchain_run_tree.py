@@ -1,0 +1,122 @@
+"""A lowered chain reports the callback run tree plain LangChain reports (``langchain/run_tree.py``).
+
+The chains are written as LangChain's docs write them, against the session's real vLLM
+server (``ChatOpenAI(base_url=...)``) and the real MiniLM embedder; each is invoked plainly
+and through ``TeolaRunnable`` with a recording handler, and the two trees are compared run
+by run: names, parents, tags, inputs and outputs, nesting and step order. Sequential calls
+on an idle server: greedy answers are the same on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableBranch, RunnableLambda, RunnablePassthrough
+from langchain_core.tracers.context import collect_runs
+from langchain_openai import ChatOpenAI
+
+from teola_plugin.langchain import TeolaRunnable
+from tests.fixtures_served import SERVED_NAME, docs_rag_chain
+from tests.test_langchain import QUESTIONS, retriever  # noqa: F401
+
+from .run_trees import RunTreeRecorder
+
+
+@pytest.fixture
+def chat(model_server):
+    return ChatOpenAI(model=SERVED_NAME, base_url=model_server.base_url, api_key="none", temperature=0, max_tokens=12)
+
+
+def same_tree(chain, input, runtime) -> RunTreeRecorder:
+    plain, teola = RunTreeRecorder(), RunTreeRecorder()
+    expected = chain.invoke(input, {"callbacks": [plain]})
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert fast._plan(input).uses_engines  # a graph run, not the chain run as it is
+    got = fast.invoke(input, {"callbacks": [teola]})
+    assert RunTreeRecorder.comparable(got) == RunTreeRecorder.comparable(expected)
+    assert teola.tree() == plain.tree()
+    assert teola.nested() and plain.nested()
+    return teola
+
+
+def test_the_docs_rag_chain_reports_plains_runs_to_handlers_collect_runs_and_event_streams(
+        model_server, retriever, runtime):  # noqa: F811
+    chain = docs_rag_chain(retriever, model_server.base_url, max_tokens=12)
+    teola = same_tree(chain, QUESTIONS[1], runtime)
+    kinds = {path[-1]: kind for path, kind, *_ in teola.tree()}
+    assert kinds["StrOutputParser"] == "parser" and kinds["ChatPromptTemplate"] == "prompt"
+    assert kinds["VectorStoreRetriever"] == "retriever" and kinds["ChatOpenAI"] == "chat_model"
+
+    # LangSmith-style tracers hear runs through LangChain's configure hooks, not the config
+    fast = TeolaRunnable(chain, runtime=runtime)
+    collected = []
+    for runnable in (chain, fast):
+        with collect_runs() as runs:
+            runnable.invoke(QUESTIONS[1])
+        (root,) = runs.traced_runs
+        collected.append(_run_names(root))
+    assert collected[1] == collected[0] and len(collected[0]) == 9
+
+    async def events(runnable):
+        seen = [(e["event"], e["name"], tuple(sorted(e.get("tags", []))), len(e["parent_ids"]))
+                async for e in runnable.astream_events(QUESTIONS[1], version="v2")]
+        return sorted(e for e in seen if e[0] != "on_chat_model_stream"), [e for e in seen if e[0] == "on_chat_model_stream"]
+
+    (plain_events, plain_tokens), (teola_events, teola_tokens) = asyncio.run(events(chain)), asyncio.run(events(fast))
+    assert teola_events == plain_events and len(plain_events) > 2 * 9  # start + end of each run, + stream events
+    assert len(teola_tokens) == len(plain_tokens) > 1
+
+
+def _run_names(run, depth: int = 0) -> list:
+    """A collected run tree as (depth, name, run type, position tags), in the tracer's order."""
+    rows = [(depth, run.name, run.run_type, sorted(t for t in run.tags if ":" in t))]
+    for child in sorted(run.child_runs, key=lambda r: r.dotted_order):
+        rows += _run_names(child, depth + 1)
+    return rows
+
+
+def test_nested_bindings_branches_and_maps_report_their_runs(chat, runtime):
+    summarize = ChatPromptTemplate.from_template("Say in three words: {q}") | chat | StrOutputParser()
+    explain = ChatPromptTemplate.from_template("Explain briefly: {q}") | chat.with_config(run_name="explainer") | StrOutputParser()
+    route = RunnableBranch((lambda x: x["q"].startswith("Why"), explain), summarize)
+    answering = RunnablePassthrough.assign(answer=route).with_config(run_name="answering", tags=["answer-tag"])
+    chain = answering | RunnableLambda(lambda x: x["answer"].strip())
+    teola = same_tree(chain, {"q": "Why is the sky blue?"}, runtime)
+    chosen = [(path, tags) for path, _, tags, *_ in teola.tree() if path[-2:] == ("RunnableBranch", "RunnableSequence")]
+    assert len(chosen) == 1 and "branch:1" in chosen[0][1] and "answer-tag" in chosen[0][1]
+    assert any(path[-3:] == ("RunnableBranch", "RunnableSequence", "explainer") for path, *_ in teola.tree())
+    assert any(path[:2] == ("RunnableSequence", "answering") for path, *_ in teola.tree())
+    same_tree(chain, {"q": "Clouds are white."}, runtime)  # the default branch
+
+    define = ChatPromptTemplate.from_template("Define in one word: {w}") | chat | StrOutputParser()
+    per_word = RunnableLambda(lambda x: [{"w": w} for w in x["words"]]) | define.map()
+    teola = same_tree(per_word, {"words": ["rain", "snow"]}, runtime)
+    elements = [path for path, *_ in teola.tree() if path[-1] == "ChatOpenAI"]
+    assert len(elements) == 2 and all(p[-3:-1] == ("RunnableEach<RunnableSequence>", "RunnableSequence")
+                                       for p in elements)
+
+
+def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
+    class Errors(RunTreeRecorder):
+        def __init__(self):
+            super().__init__()
+            self.errored: list[tuple[tuple[str, ...], str]] = []
+
+        def on_chain_error(self, error, *, run_id, **kwargs):
+            self.errored.append((self.path(run_id), type(error).__name__))
+
+    def refuse(text: str) -> str:
+        raise ValueError(f"refusing {text[:10]!r}")
+
+    inner = ChatPromptTemplate.from_template("Answer: {q}") | chat | StrOutputParser() | RunnableLambda(refuse)
+    chain = {"answer": inner, "q": RunnablePassthrough()} | RunnableLambda(lambda x: x["answer"])
+    plain, teola = Errors(), Errors()
+    with pytest.raises(ValueError, match="refusing"):
+        chain.invoke({"q": "Who wrote Hamlet?"}, {"callbacks": [plain]})
+    with pytest.raises(ValueError, match="refusing"):
+        TeolaRunnable(chain, runtime=runtime).invoke({"q": "Who wrote Hamlet?"}, {"callbacks": [teola]})
+    assert sorted(teola.errored) == sorted(plain.errored) and len(plain.errored) == 4
+    assert teola.tree() == plain.tree()  # the runs that ended before, with their outputs
