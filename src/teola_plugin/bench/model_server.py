@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,15 +59,16 @@ class ModelServer:
             self.process.wait(10)
 
 
-def start_model_server(log: Path, max_model_len: int = 2048) -> ModelServer:
+def start_model_server(log: Path, max_model_len: int = 2048, extra_args: Sequence[str] = ()) -> ModelServer:
     """Start the server and wait until it answers ``/v1/models`` (RuntimeError with its log's
-    tail if it exits or does not answer within START_TIMEOUT_S)."""
+    tail if it exits or does not answer within START_TIMEOUT_S). ``extra_args``: more of the
+    server's flags (``--scheduling-policy priority``)."""
     from ..models import ensure_default_llm
 
     return _start(["--model", str(ensure_default_llm(False)), "--max-model-len", str(max_model_len),
                    "--served-model-name", SERVED_NAME, "--seed", "0",
                    "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-                   "--enable-prompt-tokens-details"], SERVED_NAME, log)
+                   "--enable-prompt-tokens-details", *extra_args], SERVED_NAME, log)
 
 
 def start_embedding_server(log: Path) -> ModelServer:

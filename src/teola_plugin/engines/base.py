@@ -46,6 +46,9 @@ class Engine(abc.ABC):
     """
 
     kind: ClassVar[str] = "engine"
+    # Its stream methods take the request's ``priority`` (the runtime's Priority): a model
+    # server that schedules by priority gets it (``llm_served.py``); others order by admission.
+    accepts_priority: ClassVar[bool] = False
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or self.kind

@@ -25,6 +25,7 @@ admitted and timed with the other requests to that server.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -35,7 +36,7 @@ from urllib.parse import urlsplit
 
 from ..errors import EngineInputError
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
-from .server_features import PrefixCache, detect_prefix_cache
+from .server_features import PrefixCache, PriorityScheduling, detect_prefix_cache, detect_scheduling
 
 # Set on the engine's own SDK client: its requests are the engine's, never routed again
 # (``served_calls.openai_sdk`` routes SDK calls made by framework code to this engine).
@@ -87,8 +88,17 @@ class ServerEndpoint:
                 "timeout": self.timeout, "max_retries": self.max_retries}
 
 
+def vllm_priority(priority: Any) -> int:
+    """Teola's priority of a request as vLLM's ``priority`` (lower runs first): the longer the
+    query's remaining critical path, the earlier (milliseconds, negated), the rule the engine
+    schedulers order by (``runtime/policies.py``); vLLM breaks ties by arrival."""
+    return -round(float(getattr(priority, "remaining_s", 0.0)) * 1000)
+
+
 class OpenAICompatibleEngine(LLMEngine):
     """An OpenAI-compatible model server, reached through the ``openai`` SDK's async client."""
+
+    accepts_priority = True  # its streams take the request's Priority (sent where the server schedules by it)
 
     def __init__(self, base_url: str, name: str | None = None, *, api_key: str = "EMPTY",
                  organization: str | None = None, default_headers: Mapping[str, str] | None = None,
@@ -106,6 +116,7 @@ class OpenAICompatibleEngine(LLMEngine):
         self.relayed = 0  # requests relayed for framework code run as is (``relay``)
         # detected when the engine starts (server_features): what prefill splitting may build on
         self.prefix_cache = PrefixCache(None, 0, "not detected yet (the engine has not started)")
+        self.scheduling = PriorityScheduling(None, "not detected yet (the engine has not started)")
 
     # -- lifecycle: a client, not a model (nothing to load; the server may start later) ------
     async def _load(self) -> None:
@@ -119,8 +130,9 @@ class OpenAICompatibleEngine(LLMEngine):
             kwargs["timeout"] = self.timeout
         self._client = openai.AsyncOpenAI(**kwargs)
         setattr(self._client, ENGINE_CLIENT_MARK, True)
-        self.prefix_cache = await detect_prefix_cache(self.base_url, {**self.default_headers,
-                                                                      "Authorization": f"Bearer {self._api_key}"})
+        headers = {**self.default_headers, "Authorization": f"Bearer {self._api_key}"}
+        self.prefix_cache, self.scheduling = await asyncio.gather(detect_prefix_cache(self.base_url, headers),
+                                                                  detect_scheduling(self.base_url, headers))
 
     async def _unload(self) -> None:
         if self._client is not None:
@@ -130,16 +142,21 @@ class OpenAICompatibleEngine(LLMEngine):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "base_url": self.base_url, "served": True, "relayed": self.relayed,
                 "prefix_cache": {"enabled": self.prefix_cache.enabled, "block_tokens": self.prefix_cache.block_tokens,
-                                 "how": self.prefix_cache.how}}
+                                 "how": self.prefix_cache.how},
+                "priority_scheduling": {"enabled": self.scheduling.enabled, "how": self.scheduling.how}}
 
     # -- requests ----------------------------------------------------------------------------
     def _body(self, prompt: Any, params: Mapping[str, Any] | None,
-              kinds: frozenset[str] = GENERATION) -> dict[str, Any]:
+              kinds: frozenset[str] = GENERATION, priority: Any = None) -> dict[str, Any]:
         if not isinstance(prompt, Mapping) or not (kinds & prompt.keys()):
             raise EngineInputError(
                 f"engine {self.name!r} serves OpenAI-compatible requests: the prompt must be a request body "
                 f"with {' or '.join(sorted(map(repr, kinds)))}, got {type(prompt).__name__}")
-        return {**prompt, **dict(params or {})}
+        body = {**prompt, **dict(params or {})}
+        if priority is not None and self.scheduling.enabled and "input" not in body:
+            # vLLM's own request field; through the SDK's extra_body, beside the framework's
+            body["extra_body"] = {**(body.get("extra_body") or {}), "priority": vllm_priority(priority)}
+        return body
 
     async def _create(self, body: dict[str, Any], request_id: str) -> Any:
         self._require_started()
@@ -161,13 +178,14 @@ class OpenAICompatibleEngine(LLMEngine):
         return _generation(rid, response)
 
     async def stream(self, prompt: Any, params: Mapping[str, Any] | None = None,
-                     request_id: str | None = None) -> AsyncIterator[GenerationDelta]:
+                     request_id: str | None = None, priority: Any = None) -> AsyncIterator[GenerationDelta]:
         """Deltas of one request. A body that does not ask to stream (what ``invoke`` /
         ``predict`` send) is sent unchanged and arrives as one delta with the reply; a
         streaming body yields the server's chunks. Closing the iterator closes the HTTP
-        stream, which aborts the request on the server."""
+        stream, which aborts the request on the server. ``priority`` (Teola's) goes with it
+        where the server schedules by priority."""
         rid = request_id or self._new_request_id("gen")
-        body = self._body(prompt, params)
+        body = self._body(prompt, params, priority=priority)
         if not body.get("stream"):
             generation = _generation(rid, await self._create(body, rid))
             yield GenerationDelta(rid, generation.text, _completion_tokens(generation.response), True,
@@ -182,14 +200,15 @@ class OpenAICompatibleEngine(LLMEngine):
                     yield replace(delta, response=None)
         yield GenerationDelta(rid, "", produced, True, None, tuple(received))
 
-    async def relay(self, request: Mapping[str, Any], request_id: str | None = None) -> AsyncIterator[GenerationDelta]:
+    async def relay(self, request: Mapping[str, Any], request_id: str | None = None,
+                    priority: Any = None) -> AsyncIterator[GenerationDelta]:
         """A request framework code made through its own SDK client (``served_calls``), sent
         as it is: the SDK's reply to ``create(**request)`` (a completion, or the raw response
         ``with_raw_response`` asks for) arrives as one finished delta; a streaming request's
         chunks one delta each (``response`` = the chunk), so the caller rebuilds exactly what
         its client would have returned. An embedding request (``input``) is relayed the same way."""
         rid = request_id or self._new_request_id("relay")
-        body = self._body(request, None, GENERATION | {"input"})
+        body = self._body(request, None, GENERATION | {"input"}, priority)
         reply = await self._create(body, rid)
         self.relayed += 1
         if not body.get("stream"):

@@ -1,4 +1,4 @@
-"""What a model server does that the optimizer may build on: detected, never assumed.
+"""What a model server does that Teola may build on: detected, never assumed.
 
 Prefill splitting sends a prefix warm-up (a ``max_tokens=1`` request of the prompt's early
 part) so that the full request finds the prefix in the server's cache. That only pays where
@@ -6,6 +6,12 @@ the server caches prefixes, and only for whole cache blocks. vLLM says both in i
 the ``vllm:cache_config_info`` gauge carries ``enable_prefix_caching`` and ``block_size``
 as labels. A server that does not answer ``/metrics`` with them (another kind of server, a
 proxy that hides it, one not up yet) is *unknown*, and the pass declines for it.
+
+Request priority goes to vLLM's ``priority`` field only where the server schedules by it
+(``--scheduling-policy priority``; under its default first-come-first-served policy the field
+is ignored). vLLM names its policy only in ``/server_info`` (served with
+``VLLM_SERVER_DEV_MODE=1``); a server that does not say is *unknown*, and its requests are
+ordered by Teola's admission alone.
 """
 
 from __future__ import annotations
@@ -67,3 +73,42 @@ async def detect_prefix_cache(base_url: str, headers: dict[str, Any] | None = No
     if reply.status_code != 200:
         return PrefixCache(None, 0, f"{url} answered HTTP {reply.status_code}")
     return parse_prefix_cache(reply.text, url)
+
+
+@dataclass(frozen=True)
+class PriorityScheduling:
+    """Whether a server orders its waiting requests by their ``priority`` field (None: unknown)."""
+
+    enabled: bool | None
+    how: str = ""
+
+
+def server_info_url(base_url: str) -> str:
+    return metrics_url(base_url)[: -len("/metrics")] + "/server_info?config_format=json"
+
+
+def parse_scheduling(info: Any, url: str) -> PriorityScheduling:
+    """The scheduling policy a vLLM ``/server_info`` (JSON config format) reports."""
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    scheduler = config.get("scheduler_config") if isinstance(config, dict) else None
+    policy = scheduler.get("policy") if isinstance(scheduler, dict) else None
+    if not isinstance(policy, str):
+        return PriorityScheduling(None, f"{url} names no scheduler policy")
+    return PriorityScheduling(policy == "priority", f"{url}: scheduler policy {policy!r}")
+
+
+async def detect_scheduling(base_url: str, headers: dict[str, Any] | None = None) -> PriorityScheduling:
+    """Ask the server's ``/server_info`` (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
+    import httpx
+
+    url = server_info_url(base_url)
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers or None) as client:
+            reply = await client.get(url)
+        info = reply.json() if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        return PriorityScheduling(None, f"{url} did not answer ({type(exc).__name__})")
+    if info is None:
+        return PriorityScheduling(None, f"{url} answered HTTP {reply.status_code} (vLLM serves it with "
+                                        "VLLM_SERVER_DEV_MODE=1): requests are ordered by Teola's admission")
+    return parse_scheduling(info, url)

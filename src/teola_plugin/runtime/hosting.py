@@ -22,13 +22,14 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..engines.base import Engine
 from ..errors import ConfigError, EngineInputError, EngineRestartedError
 from .engine_scheduler import EngineScheduler
 from .policies import BatchPolicy, Priority, default_policy
+from .prefix_affinity import PrefixAffinity, prompt_text
 from .requests import BatchInfo, StreamOpen
 
 log = logging.getLogger("teola_plugin")
@@ -50,12 +51,23 @@ class EngineSpec:
     resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources (placement)
     threads: int | None = None  # CPU threads for the engine's math libraries; None = all cores
     in_process: bool = False  # hosted in the driver's event loop whatever the runtime's hosting
+    # Per replica, what differs from ``kwargs`` (a model server's replicas: each its own URL); () none
+    replica_kwargs: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if ":" not in self.factory:
             raise ConfigError(f"engine {self.name!r}: factory must be 'module:Class', got {self.factory!r}")
         if self.replicas < 1:
             raise ConfigError(f"engine {self.name!r}: replicas must be >= 1, got {self.replicas}")
+        if self.replica_kwargs and len(self.replica_kwargs) != self.replicas:
+            raise ConfigError(f"engine {self.name!r}: {len(self.replica_kwargs)} replica_kwargs for "
+                              f"{self.replicas} replicas")
+
+    def for_replica(self, index: int) -> EngineSpec:
+        """The spec replica ``index`` is built from."""
+        if not self.replica_kwargs:
+            return self
+        return replace(self, kwargs={**self.kwargs, **self.replica_kwargs[index]}, replicas=1, replica_kwargs=())
 
     def engine_class(self) -> type[Engine]:
         module, _, cls = self.factory.partition(":")
@@ -133,6 +145,8 @@ class EngineServer:
             await self.start()
         release = await self.scheduler.admit(priority)
         start = time.time()
+        if getattr(self.engine, "accepts_priority", False):  # a model server that may schedule by it
+            kwargs = {**kwargs, "priority": priority}
         try:
             iterator = getattr(self.engine, method)(**kwargs).__aiter__()
             first = await iterator.__anext__()
@@ -294,13 +308,15 @@ class LocalHandle(EngineHandle):
 
 
 class ReplicaPool:
-    """Replicas of one engine; requests go to the replica with the fewest outstanding."""
+    """Replicas of one engine; requests go to the replica with the fewest outstanding, an LLM's
+    to the one that has the prompt's prefix cached when it is not much busier (``affinity``)."""
 
-    def __init__(self, name: str, handles: list[EngineHandle]) -> None:
+    def __init__(self, name: str, handles: list[EngineHandle], affinity: PrefixAffinity | None = None) -> None:
         if not handles:
             raise ConfigError(f"engine {name!r} has no replicas")
         self.name = name
         self.handles = handles
+        self.affinity = affinity if len(handles) > 1 else None
         self._stream_owner: dict[str, EngineHandle] = {}
 
     def local_engine(self) -> Engine | None:
@@ -308,9 +324,14 @@ class ReplicaPool:
         handle = self.handles[0]
         return handle.server.engine if isinstance(handle, LocalHandle) else None
 
-    def _pick(self, route_key: str | None = None) -> EngineHandle:
+    def _pick(self, route_key: str | None = None, prompt: Mapping[str, Any] | None = None) -> EngineHandle:
         if route_key is not None:  # stateful engines: one index always lives on one replica
             return self.handles[zlib.crc32(route_key.encode()) % len(self.handles)]
+        if self.affinity is not None and prompt is not None:
+            text = prompt_text(prompt)
+            replica = self.affinity.choose(text, [h.outstanding for h in self.handles])
+            self.affinity.record(text, replica)
+            return self.handles[replica]
         return min(self.handles, key=lambda h: h.outstanding)
 
     async def start(self) -> list[dict[str, Any]]:
@@ -319,7 +340,7 @@ class ReplicaPool:
     async def submit(
         self, op: str, payload: Mapping[str, Any], priority: Priority, route_key: str | None = None
     ) -> tuple[Any, BatchInfo]:
-        handle = self._pick(route_key)
+        handle = self._pick(route_key, payload)  # a prefill warms the replica its request then goes to
         handle.outstanding += 1
         try:
             return await handle.submit(op, payload, priority)
@@ -332,7 +353,7 @@ class ReplicaPool:
         return await handle.call(method, *args, **kwargs)
 
     async def open_stream(self, method: str, kwargs: Mapping[str, Any], priority: Priority) -> StreamOpen:
-        handle = self._pick()
+        handle = self._pick(prompt=kwargs)
         handle.outstanding += 1
         try:
             opened = await handle.open_stream(method, kwargs, priority)

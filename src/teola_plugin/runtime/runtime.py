@@ -24,7 +24,8 @@ import concurrent.futures
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
@@ -37,6 +38,7 @@ from .graph_scheduler import GraphRun, check_timeout
 from .handlers import PrimitiveHandlers
 from .hosting import EngineHandle, EngineSpec, LocalHandle, ReplicaPool
 from .loop_thread import LoopThread
+from .prefix_affinity import PrefixAffinity
 from .ray_startup import connect_ray
 from .run_observer import RunObserver
 from .stand_ins import may_stand_in, retire, start_stand_in
@@ -76,6 +78,17 @@ def default_engine_specs(llm_model: str | None = None, num_gpus_llm: float | Non
     }
 
 
+def _server_replicas(replicas: Mapping[str, Sequence[str]] | None) -> dict[str, tuple[str, ...]]:
+    if replicas is None:
+        return {}
+    if not isinstance(replicas, Mapping) or not all(
+            isinstance(url, str) and not isinstance(more, str) and isinstance(more, Sequence)
+            and all(isinstance(u, str) and u for u in more) for url, more in replicas.items()):
+        raise ConfigError("server_replicas maps a model server's base URL to a list of the base URLs of its "
+                          f"replicas, e.g. {{'http://a:8000/v1': ['http://b:8000/v1']}}; got {replicas!r}")
+    return {url.rstrip("/"): tuple(u.rstrip("/") for u in more) for url, more in replicas.items()}
+
+
 def _cuda_devices() -> int:
     try:
         import torch
@@ -96,7 +109,12 @@ class Runtime:
         timeline_queries: int = 1000,
         handlers: PrimitiveHandlers | None = None,
         stand_ins: bool = True,
+        server_replicas: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """``server_replicas``: a model server's base URL (as the app's model object names it)
+        -> the base URLs of more servers of the same model; its requests are spread over all
+        of them, each to the one that has its prompt's prefix cached unless that one is
+        busier (``prefix_affinity.py``)."""
         if hosting not in ("ray", "local"):
             raise ConfigError(f"hosting must be 'ray' or 'local', got {hosting!r}")
         if ray_address is not None and (hosting != "ray" or not isinstance(ray_address, str)):
@@ -113,6 +131,7 @@ class Runtime:
         if handlers is not None and not isinstance(handlers, PrimitiveHandlers):
             raise ConfigError(f"handlers must be a PrimitiveHandlers, got {type(handlers).__name__}")
         self.specs = dict(engines if engines is not None else default_engine_specs())
+        self.server_replicas = _server_replicas(server_replicas)
         self.hosting = hosting
         self.ray_address = ray_address
         self.cost = cost or _default_cost()
@@ -280,10 +299,10 @@ class Runtime:
             # shielded: a caller that stops waiting (a query's timeout) must not cancel the
             # one Ray start every other caller waits for
             await asyncio.shield(asyncio.wrap_future(self._connect_ray()))
-            handles = [RayHandle(spec, i) for i in range(spec.replicas)]
+            handles = [RayHandle(spec.for_replica(i), i) for i in range(spec.replicas)]
         else:
-            handles = [LocalHandle(spec) for _ in range(spec.replicas)]
-        pool = ReplicaPool(name, handles)
+            handles = [LocalHandle(spec.for_replica(i)) for i in range(spec.replicas)]
+        pool = ReplicaPool(name, handles, PrefixAffinity() if spec.kind == "llm" else None)
         starting = asyncio.ensure_future(pool.start())
         try:
             while True:  # a caller without a timeout waits as long as it takes: say why, now and then
@@ -415,7 +434,7 @@ class Runtime:
         served. Returns the in-process engine objects by name."""
         with self._start_lock:
             for name, spec in needs.served.items():
-                self.specs.setdefault(name, spec)
+                self.specs.setdefault(name, self._with_replicas(spec))
         engines = {}
         for name, need in needs.local.items():
             engine = engines[name] = self.shared_local_engine(name, need.make, need.owner)
@@ -430,8 +449,15 @@ class Runtime:
         Only its spec is added here: it starts with the first query that needs it."""
         spec = endpoint.engine_spec()
         with self._start_lock:
-            self.specs.setdefault(spec.name, spec)
+            self.specs.setdefault(spec.name, self._with_replicas(spec))
         return spec.name
+
+    def _with_replicas(self, spec: EngineSpec) -> EngineSpec:
+        """A model server's engine spec with one replica per URL serving its model (``server_replicas``)."""
+        more = self.server_replicas.get(str(spec.kwargs.get("base_url", "")).rstrip("/"))
+        if not more:
+            return spec
+        return replace(spec, replicas=1 + len(more), replica_kwargs=({}, *({"base_url": url} for url in more)))
 
     def shared_local_engine(self, name: str, make: Callable[[], Any], owner: Any = None) -> Any:
         """The engine object this runtime serves (or will serve) in-process as ``name``, built
