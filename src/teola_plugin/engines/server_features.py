@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0  # once, when the engine starts; a busy server on shared cores may take a while
 _CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
