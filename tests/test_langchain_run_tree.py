@@ -120,3 +120,35 @@ def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
         TeolaRunnable(chain, runtime=runtime).invoke({"q": "Who wrote Hamlet?"}, {"callbacks": [teola]})
     assert sorted(teola.errored) == sorted(plain.errored) and len(plain.errored) == 4
     assert teola.tree() == plain.tree()  # the runs that ended before, with their outputs
+
+
+def test_a_chain_that_is_one_component_is_that_components_run(chat, runtime):
+    """A bare model (a lowered call) or a function (an opaque step, forced into a graph run by
+    ``timeout_s``) reports its own run in plain, with no chain run around it: so does Teola,
+    under invoke, stream and their async forms."""
+    for chain, input, options in ((chat, "Hello there", {}), (chat.with_config(run_name="greeter"), "Hi", {}),
+                                  (RunnableLambda(lambda x: x + "!"), "a", {"timeout_s": 60})):
+        fast = TeolaRunnable(chain, runtime=runtime, **options)
+        for call in ("invoke", "stream", "ainvoke", "astream"):
+            plain, teola = RunTreeRecorder(), RunTreeRecorder()
+            expected, got = _call(chain, call, input, plain), _call(fast, call, input, teola)
+            assert RunTreeRecorder.comparable(got) == RunTreeRecorder.comparable(expected)
+            # (a streamed run's input and output: plain's transform reports its chunks' sum, which
+            # an opaque step's invoke does not; the tree is the same)
+            values = call.endswith("invoke") or chain is chat
+            assert teola.tree(values) == plain.tree(values) and len(plain.runs) == 1, (call, teola.tree())
+
+
+def _call(runnable, call: str, input, recorder):
+    config = {"callbacks": [recorder]}
+    if call == "invoke":
+        return runnable.invoke(input, config)
+    if call == "stream":
+        return list(runnable.stream(input, config))
+    if call == "ainvoke":
+        return asyncio.run(runnable.ainvoke(input, config))
+
+    async def chunks():
+        return [chunk async for chunk in runnable.astream(input, config)]
+
+    return asyncio.run(chunks())

@@ -109,19 +109,6 @@ class RunTree:
             report = self._report(run) if run.reported else self._follow(run)
             self._tasks.append(loop.create_task(self._guarded(run.id, report), name=f"run:{run.name}"))
 
-    async def _guarded(self, run: int | None, report: Any) -> None:
-        """A run's reporting; if it fails (a handler that raises), the graph runs on: what
-        waits for the run is let go, under the chain's run."""
-        try:
-            await report
-        except Exception:  # noqa: BLE001 - callbacks must never stop or hang the query
-            log.warning("reporting the callback run %s failed", run, exc_info=True)
-            started, ended = self._started.get(run), self._ended.get(run) if run is not None else None
-            if started is not None and not started.done():
-                started.set_result(self.config)
-            if ended is not None and not ended.done():
-                ended.set_result(None)
-
     async def entering(self, prim: Primitive) -> None:
         if prim.op not in REPORTING_OPS:
             return
@@ -167,6 +154,19 @@ class RunTree:
         if future is None:
             future = self._values[ref] = asyncio.get_running_loop().create_future()
         return future
+
+    async def _guarded(self, run: int | None, report: Any) -> None:
+        """A run's reporting; if it fails (a handler that raises), the graph runs on: what
+        waits for the run is let go, under the chain's run."""
+        try:
+            await report
+        except Exception:  # noqa: BLE001 - callbacks must never stop or hang the query
+            log.warning("reporting the callback run %s failed", run, exc_info=True)
+            started, ended = self._started.get(run), self._ended.get(run) if run is not None else None
+            if started is not None and not started.done():
+                started.set_result(self.config)
+            if ended is not None and not ended.done():
+                ended.set_result(None)
 
     @staticmethod
     def _tagged(config: RunnableConfig, tag: str | None) -> RunnableConfig:

@@ -12,6 +12,7 @@ Components the tracer cannot lower run unchanged inside the graph; ``explain()``
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -22,7 +23,8 @@ from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackMa
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessageChunk
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSerializable
-from langchain_core.runnables.config import ContextThreadPoolExecutor, get_config_list, merge_configs
+from langchain_core.runnables.config import (ContextThreadPoolExecutor, ensure_config, get_config_list, merge_configs,
+                                             var_child_runnable_config)
 from langchain_core.runnables.graph import Graph
 from langchain_core.runnables.utils import AddableDict
 from langchain_core.vectorstores import VectorStore
@@ -44,6 +46,7 @@ from .plan import ExecutionPlan, SubPlans
 from .stream_split import StreamSplit
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)
+_END = object()  # the end of a stream iterated in another context
 MAX_BATCH_THREADS = 64  # queries of one batch() in flight at once (one waiting thread each)
 
 
@@ -223,13 +226,33 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if kwargs or self._runs_as_is(input):
             with routing_served_calls(self.teola_runtime()):
                 return self.chain.invoke(input, config, **kwargs)
+        if self._reports_own_run(self._traced_or_none(InputLayout.of(input))):
+            return self._own_run_context(config).run(self._run, input)
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if kwargs or await self._aruns_as_is(input):
             with routing_served_calls(self.teola_runtime()):
                 return await self.chain.ainvoke(input, config, **kwargs)
+        if self._reports_own_run(await self._aplan_or_none(input)):
+            return await asyncio.create_task(self._arun(input), context=self._own_run_context(config))
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
+
+    # A chain that is one component reporting its own run (a model, a retriever, a function
+    # run as an opaque step) is that run in plain: no wrapper run around it, or handlers would
+    # hear the run twice. The call's config is the context its graph runs in.
+    @staticmethod
+    def _reports_own_run(plan: ExecutionPlan | None) -> bool:
+        return plan is not None and plan.trace.runs.root_reports_itself
+
+    def _own_run_context(self, config: RunnableConfig | None) -> contextvars.Context:
+        context = contextvars.copy_context()
+        context.run(var_child_runnable_config.set, ensure_config(self._bound_config(config)))
+        return context
+
+    async def _aplan_or_none(self, input: Any) -> ExecutionPlan | None:
+        known = self._plans.get(InputLayout.of(input))
+        return known if known is not None else await asyncio.to_thread(self._traced_or_none, InputLayout.of(input))
 
     def _bound_config(self, config: RunnableConfig | None) -> RunnableConfig | None:
         """The call's config with what ``chain.with_config(...)`` bound to the chain's own run
@@ -304,6 +327,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if kwargs or self._runs_as_is(input, streaming=True):
             yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
             return
+        if self._reports_own_run(self._traced_or_none(InputLayout.of(input))):
+            context, chunks = self._own_run_context(config), self._graph_chunks(input)
+            try:
+                while (chunk := context.run(next, chunks, _END)) is not _END:
+                    yield chunk
+            finally:
+                context.run(chunks.close)
+            return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
                                                       self._bound_config(config))
 
@@ -314,7 +345,26 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self._chain_or_own(
             lambda: _true() if kwargs else self._aruns_as_is(input, streaming=True),
             lambda: self.chain.astream(input, config, **kwargs),
-            lambda: self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config)))
+            lambda: self._astream_own_or_wrapped(input, config, single))
+
+    async def _astream_own_or_wrapped(self, input: Any, config: RunnableConfig | None,
+                                      single: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        if not self._reports_own_run(await self._aplan_or_none(input)):
+            chunks = self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config))
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+            return
+        context, chunks = self._own_run_context(config), self._agraph_chunks(input)
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.create_task(chunks.__anext__(), context=context)
+                except StopAsyncIteration:
+                    return
+                yield chunk
+        finally:
+            await asyncio.create_task(chunks.aclose(), context=context)
 
     def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         """A chain that runs as it is consumes its input stream itself (a passthrough streams
