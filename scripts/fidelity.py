@@ -166,12 +166,13 @@ def write_markdown(data: dict, path: Path) -> None:
     lines += ["## Where a graph run still differs from plain", "",
               "The graph-run column shows what a chain with a lowered model gets where its components "
               "run in the graph. The causes behind its failures:", "",
-              "- **Run trees** (events v1/v2, tracing, callback counts): a graph run reports the root run, each "
-              "opaque step's own run, lowered prompts (rendered by their own `invoke`), lowered model calls "
-              "and lowered JSON / list parsers (the root sequence's steps tagged `seq:step:N`, "
-              "`capture/langchain/step_runs.py`), but not the runs of nested compositions (`RunnableSequence` / "
-              "`RunnableParallel` inside the chain, their `map:key:K` tags) nor of `StrOutputParser` in `invoke`; "
-              "a model's token events may interleave differently with the parser's.",
+              "- **Run trees**: a graph run reports the run tree plain reports (every component's run under "
+              "its parent, with its tags, inputs and outputs: `capture/langchain/run_scopes.py`, "
+              "`langchain/run_tree.py`), so the tracing suites pass; what still differs in the event "
+              "suites is the *stream* events of steps that run once instead of streaming (below), a "
+              "model's token events interleaving differently with a parser's, and spies on a template's "
+              "`invoke` (a lowered template is rendered inside the model call's format, its run reported "
+              "by the run tree).",
               "- **Streams under `timeout_s`**: opaque steps run once on their whole input. Without `timeout_s`, "
               "the steps after a chain's last engine step stream through their own `transform` "
               "(`langchain/stream_split.py`); before it, a lowered model's tokens stream.",
