@@ -62,17 +62,26 @@ def parse_prefix_cache(metrics: str, url: str) -> PrefixCache:
 
 async def detect_prefix_cache(base_url: str, headers: dict[str, Any] | None = None) -> PrefixCache:
     """Ask the server's metrics (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
+    url = metrics_url(base_url)
+    reply, why = await _probe(url, headers)
+    if reply is None:
+        return PrefixCache(None, 0, why)
+    return parse_prefix_cache(reply.text, url)
+
+
+async def _probe(url: str, headers: dict[str, Any] | None) -> tuple[Any, str]:
+    """One GET of ``url`` within ``PROBE_TIMEOUT_S``: ``(reply, "")`` on HTTP 200, else
+    ``(None, why not)``."""
     import httpx
 
-    url = metrics_url(base_url)
     try:
         async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers or None) as client:
             reply = await client.get(url)
     except httpx.HTTPError as exc:
-        return PrefixCache(None, 0, f"{url} did not answer ({type(exc).__name__})")
+        return None, f"{url} did not answer ({type(exc).__name__})"
     if reply.status_code != 200:
-        return PrefixCache(None, 0, f"{url} answered HTTP {reply.status_code}")
-    return parse_prefix_cache(reply.text, url)
+        return None, f"{url} answered HTTP {reply.status_code}"
+    return reply, ""
 
 
 @dataclass(frozen=True)
@@ -99,16 +108,13 @@ def parse_scheduling(info: Any, url: str) -> PriorityScheduling:
 
 async def detect_scheduling(base_url: str, headers: dict[str, Any] | None = None) -> PriorityScheduling:
     """Ask the server's ``/server_info`` (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
-    import httpx
-
     url = server_info_url(base_url)
+    reply, why = await _probe(url, headers)
+    if reply is None:
+        return PriorityScheduling(None, f"{why} (vLLM serves it with VLLM_SERVER_DEV_MODE=1): requests are "
+                                        "ordered by Teola's admission")
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers or None) as client:
-            reply = await client.get(url)
-        info = reply.json() if reply.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as exc:
-        return PriorityScheduling(None, f"{url} did not answer ({type(exc).__name__})")
-    if info is None:
-        return PriorityScheduling(None, f"{url} answered HTTP {reply.status_code} (vLLM serves it with "
-                                        "VLLM_SERVER_DEV_MODE=1): requests are ordered by Teola's admission")
+        info = reply.json()
+    except ValueError:
+        return PriorityScheduling(None, f"{url} answered no JSON")
     return parse_scheduling(info, url)

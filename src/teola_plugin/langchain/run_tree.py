@@ -131,7 +131,7 @@ class RunTree:
             done.set_result(None)
 
     async def finish(self, error: BaseException | None) -> None:
-        own = self._open.get(None) if None in self._open else None
+        own = self._open.get(None)  # the sub-chain's own run, if this tree started it
         if error is None:
             done, pending = await asyncio.wait(self._tasks, timeout=FINISH_WAIT_S) if self._tasks else (set(), set())
             if pending:
@@ -174,13 +174,7 @@ class RunTree:
 
     async def _report_own(self, own: SubChainRun) -> None:
         """Start the sub-chain's own run (its end: ``finish``, with the graph's output)."""
-        config = merge_configs(self.config, dict(own.bound)) if own.bound else self.config
-        config = self._tagged(config, own.tag)
-        manager = get_callback_manager_for_config(config)
-        handle = await in_framework_thread(manager.on_chain_start, None, own.input,
-                                           name=own.bound.get("run_name") or own.name)
-        self._open[None] = handle
-        self._started[None].set_result(patch_config(config, callbacks=handle.get_child()))
+        await self._start(None, self.config, own.bound, own.tag, own.name, "chain", own.input)
 
     async def _report(self, run: RunScope) -> None:
         """Start ``run`` once its parent started, its input is known and the step before it
@@ -189,18 +183,7 @@ class RunTree:
         input = await self._value(run.input)
         if run.after is not None:
             await self._ended[run.after]
-        if run.bound:
-            config = merge_configs(config, dict(run.bound))
-        config = self._tagged(config, run.tag)
-        manager = get_callback_manager_for_config(config)
-        name = run.bound.get("run_name") or run.name
-        if run.kind == "retriever":
-            handle = await in_framework_thread(manager.on_retriever_start, None, input, name=name)
-        else:
-            run_type = run.kind if run.kind in ("parser", "prompt") else None
-            handle = await in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
-        self._open[run.id] = handle
-        self._started[run.id].set_result(patch_config(config, callbacks=handle.get_child()))
+        handle = await self._start(run.id, config, run.bound, run.tag, run.name, run.kind, input)
         output = await self._inside_done(run)
         if run.kind == "retriever":
             await in_framework_thread(handle.on_retriever_end, output)
@@ -208,6 +191,24 @@ class RunTree:
             await in_framework_thread(handle.on_chain_end, output)
         del self._open[run.id]
         self._ended[run.id].set_result(None)
+
+    async def _start(self, run: int | None, config: RunnableConfig, bound: Mapping[str, Any], tag: str | None,
+                     name: str, kind: str, input: Any) -> Any:
+        """Start a run as a child of ``config``'s, with its bindings' names and tags and its own
+        tag; its children's config is ready from then on. Returns its run manager."""
+        if bound:
+            config = merge_configs(config, dict(bound))
+        config = self._tagged(config, tag)
+        manager = get_callback_manager_for_config(config)
+        name = bound.get("run_name") or name
+        if kind == "retriever":
+            handle = await in_framework_thread(manager.on_retriever_start, None, input, name=name)
+        else:
+            run_type = kind if kind in ("parser", "prompt") else None
+            handle = await in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
+        self._open[run] = handle
+        self._started[run].set_result(patch_config(config, callbacks=handle.get_child()))
+        return handle
 
     async def _follow(self, run: RunScope) -> None:
         """A run its component's own code reports: it has ended once its output is known and

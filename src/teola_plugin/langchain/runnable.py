@@ -201,8 +201,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         except Exception:  # noqa: BLE001 - the graph run reports it, as for any input
             return None
 
+    def _takes_as_is(self, plan: ExecutionPlan | None, streaming: bool = False) -> bool:
+        return self.timeout_s is None and self._as_is(plan, streaming)
+
     def _runs_as_is(self, input: Any, streaming: bool = False) -> bool:
-        return self.timeout_s is None and self._as_is(self._traced_or_none(InputLayout.of(input)), streaming)
+        return self._takes_as_is(self._traced_or_none(InputLayout.of(input)), streaming)
 
     async def _aplan(self, input: Any) -> ExecutionPlan:
         """``_plan`` without blocking the caller's event loop: a known plan is a dict read (no
@@ -213,9 +216,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     async def _aruns_as_is(self, input: Any, streaming: bool = False) -> bool:
         if self.timeout_s is not None:
             return False
-        known = self._plans.get(InputLayout.of(input))
-        plan = known if known is not None else await asyncio.to_thread(self._traced_or_none, InputLayout.of(input))
-        return self._as_is(plan, streaming)
+        return self._as_is(await self._aplan_or_none(input), streaming)
 
     def _streams_as_is(self) -> bool:
         """For calls whose input arrives as a stream (``transform``): judged on the layout the
@@ -223,18 +224,20 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self.timeout_s is None and self._as_is(self._traced_or_none(InputLayout.example(self.chain)), True)
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if kwargs or self._runs_as_is(input):
+        plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
+        if kwargs or self._takes_as_is(plan):
             with routing_served_calls(self.teola_runtime()):
                 return self.chain.invoke(input, config, **kwargs)
-        if self._reports_own_run(self._traced_or_none(InputLayout.of(input))):
+        if self._reports_own_run(plan):
             return self._own_run_context(config).run(self._run, input)
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if kwargs or await self._aruns_as_is(input):
+        plan = None if kwargs else await self._aplan_or_none(input)
+        if kwargs or self._takes_as_is(plan):
             with routing_served_calls(self.teola_runtime()):
                 return await self.chain.ainvoke(input, config, **kwargs)
-        if self._reports_own_run(await self._aplan_or_none(input)):
+        if self._reports_own_run(plan):
             return await asyncio.create_task(self._arun(input), context=self._own_run_context(config))
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
 
@@ -324,10 +327,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     # -- streaming -----------------------------------------------------------------------
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
-        if kwargs or self._runs_as_is(input, streaming=True):
+        plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
+        if kwargs or self._takes_as_is(plan, streaming=True):
             yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
             return
-        if self._reports_own_run(self._traced_or_none(InputLayout.of(input))):
+        if self._reports_own_run(plan):
             context, chunks = self._own_run_context(config), self._graph_chunks(input)
             try:
                 while (chunk := context.run(next, chunks, _END)) is not _END:
