@@ -23,6 +23,7 @@ from ..capture.langchain.run_scopes import binding_config
 from ..capture.langchain.tracer import FIELD_OUTPUT, SubPlan, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
+from .called_chains import EXPLAIN_CALLED
 from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize
@@ -65,9 +66,10 @@ class ExecutionPlan:
 
     async def execute(self, runtime: Runtime, input: Any, *, timeout_s: float | None = None,
                       on_token: Callable[[str], None] | None = None,
-                      on_field: Callable[[str, Any], None] | None = None) -> Any:
+                      on_field: Callable[[str, Any], None] | None = None, lowers: Any = None) -> Any:
         """Run one call on the runtime loop; ``on_token`` receives the output's text deltas,
-        ``on_field`` a dict output's other fields (key, value) as each is ready."""
+        ``on_field`` a dict output's other fields (key, value) as each is ready; ``lowers``:
+        what lowers the chains its opaque steps call (``called_chains.Lowering``)."""
         await runtime.provide(self.trace.engines)  # its stores' and model servers' engines
         tokens = self.trace.output.tokens_from
 
@@ -77,7 +79,7 @@ class ExecutionPlan:
 
         config = ensure_config()  # the chain's run's child config: the caller's callbacks
         runs = RunTree(self.trace.runs, self.graph, config) if self.trace.runs and listening(config) else None
-        with routing_served_calls(runtime):  # opaque steps' model-server calls: the served engines
+        with routing_served_calls(runtime, lowers=lowers):  # opaque steps' calls: the served engines
             out = await runtime.execute(
                 self.graph, self.graph_inputs(input), timeout_s=timeout_s,
                 on_token=(lambda text: text and on_token(text)) if on_token else None,
@@ -91,7 +93,7 @@ class ExecutionPlan:
         if self.trace.opaque:
             lines.append("Opaque components (run unchanged, as LangChain would run them):")
             lines += [f"  - {o.component} (primitive {o.node!r}): {o.reason}" for o in self.trace.opaque]
-            lines.append(EXPLAIN_ROUTED)
+            lines += [EXPLAIN_ROUTED, EXPLAIN_CALLED]
         else:
             lines.append("Opaque components: none (every component was lowered to primitives)")
         return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..capture.langchain import InputLayout, trace_runnable
+from ..capture.langchain.rules.callbacks import streams_llm_calls
 from ..runtime.caller import calling_from
 from ..capture.vllm_identity import served_models
 from ..ir.graph import PGraph
@@ -41,6 +42,7 @@ from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import stream_async, stream_sync
 from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
+from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
 from .stream_split import StreamSplit
@@ -68,6 +70,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     _sub_plans: SubPlans | None = PrivateAttr(default=None)
     _split: tuple[StreamSplit | None] | None = PrivateAttr(default=None)  # None: not looked for yet
     _head: TeolaRunnable | None = PrivateAttr(default=None)  # runs a StreamSplit's head
+    _called: CalledChains | None = PrivateAttr(default=None)  # the chains its runs' user code calls
 
     def __init__(self, chain: Any, *, runtime: Runtime | None = None, passes: Sequence[str] | None = None,
                  disabled: Sequence[str] = (), **kwargs: Any) -> None:
@@ -186,8 +189,10 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _as_is(self, plan: ExecutionPlan | None, streaming: bool) -> bool:
         """The one rule for running the chain as it is: nothing of it runs on an engine (a
         LangGraph graph, an agent, a chain of functions and models Teola does not serve), or
-        the caller streams and a lowered call would stream less than the model (a chat model
-        with bound tools streams tool-call chunks; the graph streams text). Then it runs with
+        the caller streams — ``stream``, or a handler that streams models' tokens: LangGraph's
+        ``stream_mode="messages"``, ``astream_events`` — and a lowered call would stream less
+        than the model (a chat model with bound tools streams tool-call chunks, ``ChatOpenAI``
+        the server's own chunks; the graph streams text). Then it runs with
         its own run tree, streams, config and batch, and its model-server calls on the served
         engines. Not with ``timeout_s``, which only a graph run enforces; a chain that cannot
         be traced (``plan`` None) takes the graph run, which reports why."""
@@ -225,21 +230,63 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
-        if kwargs or self._takes_as_is(plan):
-            with routing_served_calls(self.teola_runtime()):
+        if kwargs or self._takes_as_is(plan, streams_llm_calls(config)):
+            with self._running_as_is():
                 return self.chain.invoke(input, config, **kwargs)
+        return self.invoke_graph(plan, input, config)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        plan = None if kwargs else await self._aplan_or_none(input)
+        if kwargs or self._takes_as_is(plan, streams_llm_calls(config)):
+            with self._running_as_is():
+                return await self.chain.ainvoke(input, config, **kwargs)
+        return await self.ainvoke_graph(plan, input, config)
+
+    def invoke_graph(self, plan: ExecutionPlan | None, input: Any, config: RunnableConfig | None) -> Any:
+        """One call as a graph run (``plan``: the input's, when known), its callback runs plain's."""
         if self._reports_own_run(plan):
             return self._own_run_context(config).run(self._run, input)
         return self._call_with_config(self._run, input, self._bound_config(config))
 
-    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        plan = None if kwargs else await self._aplan_or_none(input)
-        if kwargs or self._takes_as_is(plan):
-            with routing_served_calls(self.teola_runtime()):
-                return await self.chain.ainvoke(input, config, **kwargs)
+    async def ainvoke_graph(self, plan: ExecutionPlan | None, input: Any, config: RunnableConfig | None) -> Any:
         if self._reports_own_run(plan):
             return await asyncio.create_task(self._arun(input), context=self._own_run_context(config))
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
+
+    def graph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:
+        """The plan ``invoke(input, config)`` runs as a graph; None when the chain runs as it
+        is or cannot be traced (for a chain user code calls, ``called_chains``: it then runs
+        its own ``invoke``)."""
+        plan = self._traced_or_none(InputLayout.of(input))
+        return None if plan is None or self._takes_as_is(plan, streams_llm_calls(config)) else plan
+
+    async def agraph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:
+        plan = await self._aplan_or_none(input)
+        return None if plan is None or self._takes_as_is(plan, streams_llm_calls(config)) else plan
+
+    # -- the chain run as it is ----------------------------------------------------------
+    # Its model-server calls go through the served engines, and the LCEL chains its code calls
+    # (a LangGraph node's chain) run as their own graphs, with this runnable's settings.
+    def _lowering(self, running: Runnable | None = None) -> Lowering:
+        with self._lock:
+            if self._called is None:
+                self._called = CalledChains(self._for_called_chain)
+            return Lowering(self._called, running)
+
+    def _for_called_chain(self, chain: Runnable) -> TeolaRunnable:
+        fast = TeolaRunnable(chain, runtime=self.teola_runtime(), passes=self.passes, disabled=self.disabled,
+                             cost_model=self.cost_model)
+        fast._called = self._called  # its own as-is runs lower through the same wrappers
+        return fast
+
+    def _running_as_is(self) -> Any:
+        return routing_served_calls(self.teola_runtime(), lowers=self._lowering(self.chain))
+
+    def _as_is_items(self, items: Iterator[Any]) -> Iterator[Any]:
+        return routed_iterate(self.teola_runtime(), items, self._lowering(self.chain))
+
+    def _as_is_aitems(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return routed_aiterate(self.teola_runtime(), items, self._lowering(self.chain))
 
     # A chain that is one component reporting its own run (a model, a retriever, a function
     # run as an opaque step) is that run in plain: no wrapper run around it, or handlers would
@@ -267,12 +314,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def _run(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), self._plan(input)
-        return runtime.run_sync(calling_from(None, plan.execute(runtime, input, timeout_s=self.timeout_s)))
+        run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
+        return runtime.run_sync(calling_from(None, run))
 
     async def _arun(self, input: Any) -> Any:
         runtime, plan = self.teola_runtime(), await self._aplan(input)
         caller = asyncio.get_running_loop()
-        return await runtime.run_async(calling_from(caller, plan.execute(runtime, input, timeout_s=self.timeout_s)))
+        run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
+        return await runtime.run_async(calling_from(caller, run))
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
               *, return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
@@ -282,7 +331,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if not inputs:
             return []
         if self._runs_as_is(inputs[0]):
-            with routing_served_calls(self.teola_runtime()):
+            with self._running_as_is():
                 return self.chain.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         configs = get_config_list(config, len(inputs))
         if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
@@ -305,7 +354,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """All queries at once (``ainvoke`` each), so the engines batch across them; a chain
         that runs as it is runs its own ``abatch``."""
         if inputs and await self._aruns_as_is(inputs[0]):
-            with routing_served_calls(self.teola_runtime()):
+            with self._running_as_is():
                 return await self.chain.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
@@ -313,7 +362,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                            *, return_exceptions: bool = False, **kwargs: Any) -> Iterator[tuple[int, Any]]:
         if inputs and self._runs_as_is(inputs[0]):
             items = self.chain.batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
-            yield from routed_iterate(self.teola_runtime(), items)
+            yield from self._as_is_items(items)
             return
         yield from super().batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
@@ -329,7 +378,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
         if kwargs or self._takes_as_is(plan, streaming=True):
-            yield from routed_iterate(self.teola_runtime(), self.chain.stream(input, config, **kwargs))
+            yield from self._as_is_items(self.chain.stream(input, config, **kwargs))
             return
         if self._reports_own_run(plan):
             context, chunks = self._own_run_context(config), self._graph_chunks(input)
@@ -375,7 +424,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         chunks as they come); otherwise the input is gathered and the call streamed, as
         LangChain does for a runnable without its own ``transform``."""
         if self._streams_as_is():
-            yield from routed_iterate(self.teola_runtime(), self.chain.transform(input, config, **kwargs))
+            yield from self._as_is_items(self.chain.transform(input, config, **kwargs))
             return
         yield from super().transform(input, config, **kwargs)
 
@@ -404,7 +453,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         is, else this runnable's. Returned, not wrapped, by the public methods, so closing the
         caller's stream closes the chain's at once (breaking out of ``astream_events`` cancels
         its steps, as plain)."""
-        items = routed_aiterate(self.teola_runtime(), chain_items()) if await runs_as_is() else own_items()
+        items = self._as_is_aitems(chain_items()) if await runs_as_is() else own_items()
         async with aclosing(items):
             async for item in items:
                 yield item
@@ -432,7 +481,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             yield from self._graph_chunks(input)
             return
         head_chunks = self._head._graph_chunks(input)
-        yield from routed_iterate(self.teola_runtime(), split.pipe(head_chunks, config, run_manager))
+        yield from routed_iterate(self.teola_runtime(), split.pipe(head_chunks, config, run_manager), self._lowering())
 
     async def _astream_chunks(self, inputs: AsyncIterator[Any], run_manager: AsyncCallbackManagerForChainRun,
                               config: RunnableConfig) -> AsyncIterator[Any]:
@@ -444,7 +493,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             chunks = self._agraph_chunks(input)
         else:
             chunks = routed_aiterate(self.teola_runtime(),
-                                     split.apipe(self._head._agraph_chunks(input), config, run_manager))
+                                     split.apipe(self._head._agraph_chunks(input), config, run_manager),
+                                     self._lowering())
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk
@@ -452,18 +502,18 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _graph_chunks(self, input: Any) -> Iterator[Any]:
         """The stream of one graph run of the chain: its output's token deltas and fields."""
         runtime, plan = self.teola_runtime(), self._plan(input)
-        chunks = _Chunks(plan)
+        chunks, lowers = _Chunks(plan), self._lowering()
         run = lambda push: calling_from(None, chunks.execute(plan, runtime, input, push,  # noqa: E731
-                                                              self.timeout_s))
+                                                              self.timeout_s, lowers))
         for final, item in stream_sync(runtime, run):
             yield from chunks.finish(item) if final else (item,)
 
     async def _agraph_chunks(self, input: Any) -> AsyncIterator[Any]:
         runtime, plan = self.teola_runtime(), await self._aplan(input)
-        chunks = _Chunks(plan)
+        chunks, lowers = _Chunks(plan), self._lowering()
         caller = asyncio.get_running_loop()
         run = lambda push: calling_from(caller, chunks.execute(plan, runtime, input, push,  # noqa: E731
-                                                                self.timeout_s))
+                                                                self.timeout_s, lowers))
         async for final, item in stream_async(runtime, run):
             for chunk in chunks.finish(item) if final else (item,):
                 yield chunk
@@ -486,7 +536,7 @@ class _Chunks:
         return AIMessageChunk(content=text) if self.shape.streams == "message" else text
 
     async def execute(self, plan: ExecutionPlan, runtime: Runtime, input: Any, push: Any,
-                      timeout_s: float | None) -> Any:
+                      timeout_s: float | None, lowers: Lowering | None = None) -> Any:
         key = self.shape.streaming_field
 
         def token(text: str) -> None:
@@ -506,7 +556,7 @@ class _Chunks:
                 push(AddableDict({k: self.ready[k] for k in group}))
 
         return await plan.execute(runtime, input, on_token=token, timeout_s=timeout_s,
-                                  on_field=field if self.shape.fields is not None else None)
+                                  on_field=field if self.shape.fields is not None else None, lowers=lowers)
 
     def finish(self, output: Any) -> Iterator[Any]:
         """What is left to send once the run returned ``output``."""

@@ -33,6 +33,10 @@ class ServedCallScope:
 
     runtime: Any  # teola_plugin.runtime.runtime.Runtime
     priority: Priority = field(default_factory=Priority)
+    lowers: Any = None
+    """What lowers the framework calls made in this scope a level above the request: LangChain's
+    ``called_chains.Lowering`` (the LCEL chains a LangGraph node calls run as their own graphs);
+    None: those calls run as they are, their requests routed."""
 
 
 _SCOPE: contextvars.ContextVar[ServedCallScope | None] = contextvars.ContextVar("teola_served_calls", default=None)
@@ -40,13 +44,14 @@ _fallbacks: list[Callable[[], ServedCallScope | None]] = []
 
 
 @contextlib.contextmanager
-def routing_served_calls(runtime: Any, priority: Priority | None = None) -> Iterator[ServedCallScope]:
+def routing_served_calls(runtime: Any, priority: Priority | None = None, lowers: Any = None
+                         ) -> Iterator[ServedCallScope]:
     """Model-server calls made in this context (and the tasks and threads it starts) go
-    through ``runtime``'s served engines."""
+    through ``runtime``'s served engines (and the calls ``lowers`` knows are lowered)."""
     from . import embedding_calls
 
     embedding_calls.install()  # an embedding class imported since the integration loaded
-    scope = ServedCallScope(runtime, priority or Priority())
+    scope = ServedCallScope(runtime, priority or Priority(), lowers)
     token = _SCOPE.set(scope)
     try:
         yield scope
@@ -71,11 +76,11 @@ def current_scope() -> ServedCallScope | None:
     return None
 
 
-def routed_iterate(runtime: Any, items: Iterator[T]) -> Iterator[T]:
+def routed_iterate(runtime: Any, items: Iterator[T], lowers: Any = None) -> Iterator[T]:
     """``items`` (a framework's own stream) stepped with its model-server calls routed; the
     scope lives in a context of its own, so the caller's code between items is not in it."""
     context = contextvars.copy_context()
-    context.run(_SCOPE.set, ServedCallScope(runtime))
+    context.run(_SCOPE.set, ServedCallScope(runtime, lowers=lowers))
     try:
         while True:
             try:
@@ -89,10 +94,10 @@ def routed_iterate(runtime: Any, items: Iterator[T]) -> Iterator[T]:
             context.run(close)
 
 
-async def routed_aiterate(runtime: Any, items: AsyncIterator[T]) -> AsyncIterator[T]:
+async def routed_aiterate(runtime: Any, items: AsyncIterator[T], lowers: Any = None) -> AsyncIterator[T]:
     """:func:`routed_iterate` for an async stream: each step runs as a task in the scope's context."""
     context = contextvars.copy_context()
-    context.run(_SCOPE.set, ServedCallScope(runtime))
+    context.run(_SCOPE.set, ServedCallScope(runtime, lowers=lowers))
 
     async def step() -> T:
         return await items.__anext__()

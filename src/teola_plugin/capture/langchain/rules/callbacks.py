@@ -63,9 +63,9 @@ def _streaming(manager: CallbackManager) -> bool:
     return any(isinstance(h, _StreamingCallbackHandler) for h in manager.handlers)
 
 
-def streams_llm_calls() -> bool:
-    """A handler of the caller's config streams (see :func:`_streaming`)."""
-    return _streaming(CallbackManager.configure(ensure_config().get("callbacks")))
+def streams_llm_calls(config: Any = None) -> bool:
+    """A handler of the caller's config (``config``, else the context's) streams (see :func:`_streaming`)."""
+    return _streaming(CallbackManager.configure(ensure_config(config).get("callbacks")))
 
 
 class CallRun:
