@@ -47,11 +47,13 @@ EXPECT = {  # what each notebook must print (besides finishing without error), a
     "02_langchain_quickstart": (["same answer: True", "format_docs", "batch: "], 0),
     "03_what_the_optimizer_did": (["critical path", "prune_dependencies", "llm_decode", "Chrome trace"], 4),
     "04_scaling_out": (["cluster address:", "batches run:", "no GPU on this machine"], 0),
+    "05_langgraph_rag": (["same answer: True", "run as their own optimized graphs", "graph runs for one question: 4",
+                          "updates: ['generate']"], 0),
 }
 
 
 def test_each_notebook_has_its_expectations():
-    # the four of the issue: LlamaIndex, LangChain, what the optimizer did, scaling out
+    # LlamaIndex, LangChain, what the optimizer did, scaling out, a LangGraph graph
     assert [p.stem for p in NOTEBOOKS] == sorted(EXPECT)
 
 

@@ -197,10 +197,11 @@ def test_a_tool_calling_graph_gets_the_same_tool_calls_and_messages(recording_pr
     assert sent[0]["tool_choice"] == "required" and sent[0]["tools"][0]["function"]["name"] == "population"
 
 
-def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_relayed(recording_proxy, served_runtime):
+def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_lowered(recording_proxy, served_runtime):
     """LangGraph's prebuilt agent loop (``create_react_agent``: model with tools -> tools ->
     model ...), tool choice left to the model as the docs write it: the same messages as
-    plain, every model call relayed with plain's request body."""
+    plain; its model node calls ``prompt | model.bind_tools(...)``, an LCEL chain, which runs
+    as a graph run of its own (``called_chains``), every request sent by the served engine."""
     from langchain_core.tools import tool
     from langgraph.prebuilt import create_react_agent
 
@@ -218,18 +219,21 @@ def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_relayed(recor
 
     plain = agent.invoke(question)
     plain_calls = len(recording_proxy.take())
-    before = relayed(served_runtime)
+    before, runs_before = relayed(served_runtime), len(served_runtime.timeline.query_ids())
     fast = TeolaRunnable(agent, runtime=served_runtime)
     assert shape(fast.invoke(question)) == shape(plain)
-    assert relayed(served_runtime) - before == len(recording_proxy.take()) == plain_calls >= 1
+    lowered = len(served_runtime.timeline.query_ids()) - runs_before
+    assert relayed(served_runtime) - before + lowered == len(recording_proxy.take()) == plain_calls >= 1
+    assert lowered >= 1
 
 
 def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
     """``ChatOpenAI.with_structured_output(Schema)`` (LangChain's structured-output guide)
-    ends in the SDK's ``chat.completions.parse``. Called by code Teola runs as it is (a
-    function step; in an LCEL chain the call itself is lowered: ``test_served_models``), it
-    is relayed with plain's body (the schema as vLLM's JSON-schema constraint: valid by
-    construction) and parsed by the SDK into the same object, sync and async."""
+    ends in the SDK's ``chat.completions.parse``. A function step's ``chain.invoke`` /
+    ``ainvoke`` of it runs as the chain's own graph run (``called_chains``; the call lowered
+    as in ``test_served_models``); its ``batch`` runs as it is, the request relayed. Either
+    way: plain's body (the schema as vLLM's JSON-schema constraint: valid by construction)
+    and the same parsed object."""
     from typing import Literal
 
     from langchain_core.prompts import ChatPromptTemplate
@@ -254,12 +258,18 @@ def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(reco
     recording_proxy.take()
     plain = code.invoke(question)
     sent_plain = recording_proxy.take()
-    before = relayed(served_runtime)
+    before, runs_before = relayed(served_runtime), len(served_runtime.timeline.query_ids())
     got = fast.invoke(question)
     assert type(got) is Place and got == plain
     assert bodies(recording_proxy.take()) == bodies(sent_plain) and "response_format" in sent_plain[0][1]
     assert asyncio.run(fast.ainvoke(question)) == asyncio.run(code.ainvoke(question))
-    assert relayed(served_runtime) - before == 2
+    assert relayed(served_runtime) == before and len(served_runtime.timeline.query_ids()) - runs_before == 2
+    recording_proxy.take()
+
+    batched = TeolaRunnable(RunnableLambda(lambda question: chain.batch([question])[0]), runtime=served_runtime)
+    assert batched.invoke(question) == plain
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+    assert relayed(served_runtime) - before == 1
 
 
 def test_a_refused_request_raises_plains_error_and_the_next_call_works(recording_proxy, served_runtime):
