@@ -49,7 +49,7 @@ def graph_runs(runtime: Runtime) -> int:
     return len(runtime.timeline.query_ids())
 
 
-def qa_graph(model, node_async: bool = False):
+def qa_graph(model, node_async: bool = False, checkpointer=None):
     """``answer`` is a chain node (a RunnableParallel over ``prompt | model | parser``);
     ``summarize`` a function node calling a chain."""
     from langgraph.graph import END, START, StateGraph
@@ -68,7 +68,7 @@ def qa_graph(model, node_async: bool = False):
     builder.add_edge(START, "answer")
     builder.add_edge("answer", "summarize")
     builder.add_edge("summarize", END)
-    return builder.compile()
+    return builder.compile(checkpointer=checkpointer)
 
 
 def test_a_graphs_chain_nodes_run_lowered_with_plains_requests_and_state(recording_proxy, served_runtime):
@@ -183,4 +183,38 @@ def test_a_failing_chain_in_a_node_raises_plains_error_and_the_next_run_works(re
     recording_proxy.take()
     ok = qa_graph(model)
     assert TeolaRunnable(ok, runtime=served_runtime).invoke(state) == ok.invoke(state)
+    recording_proxy.take()
+
+
+def test_checkpointed_threads_and_the_recursion_limit_behave_as_plain(recording_proxy, served_runtime):
+    """LangGraph keeps a thread's state in its checkpointer (``InMemorySaver``) and stops a
+    loop at ``recursion_limit``; with the nodes' chains lowered both are as plain."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.errors import GraphRecursionError
+    from langgraph.graph import START, StateGraph
+
+    model = chat_openai(recording_proxy.base_url, max_tokens=8)
+    plain_graph, teola_graph = qa_graph(model, checkpointer=InMemorySaver()), qa_graph(model, checkpointer=InMemorySaver())
+    fast = TeolaRunnable(teola_graph, runtime=served_runtime)
+    thread = {"configurable": {"thread_id": "t1"}}
+    runs_before = graph_runs(served_runtime)
+    for question in ("What is rain?", "What is snow?"):
+        assert fast.invoke({"question": question}, thread) == plain_graph.invoke({"question": question}, thread)
+    assert graph_runs(served_runtime) - runs_before == 4
+    assert fast.get_state(thread).values == plain_graph.get_state(thread).values
+    history = [(c.values, c.next) for c in fast.get_state_history(thread)]
+    assert history == [(c.values, c.next) for c in plain_graph.get_state_history(thread)] and len(history) > 4
+
+    builder = StateGraph(QA)  # answers forever: LangGraph stops it
+    builder.add_node("answer", RunnableParallel(answer=ANSWER | model | StrOutputParser()))
+    builder.add_edge(START, "answer")
+    builder.add_edge("answer", "answer")
+    loop = builder.compile()
+    limit = {"recursion_limit": 3}
+    with pytest.raises(GraphRecursionError):
+        loop.invoke({"question": "Why?"}, limit)
+    runs_before = graph_runs(served_runtime)
+    with pytest.raises(GraphRecursionError):
+        TeolaRunnable(loop, runtime=served_runtime).invoke({"question": "Why?"}, limit)
+    assert graph_runs(served_runtime) - runs_before == 3  # each step's chain ran lowered until the limit
     recording_proxy.take()

@@ -227,6 +227,39 @@ def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_lowered(recor
     assert lowered >= 1
 
 
+def test_a_v1_agent_runs_as_plain_with_every_model_request_sent_by_teola(recording_proxy, served_runtime):
+    """``langchain.agents.create_agent`` (LangChain v1's agent, as its docs build it: a model,
+    a tool, a system prompt), tool choice left to the model: the same messages as plain; its
+    model node calls the tool-bound model itself, so each request is relayed by the served
+    engine with plain's body."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    @tool
+    def population(city: str) -> str:
+        """How many people live in a city."""
+        return f"{city}: 2.1 million"
+
+    agent = create_agent(chat_openai(recording_proxy.base_url, max_tokens=40), [population],
+                         system_prompt="Use your tools to answer.")
+    question = {"messages": [("user", "How many people live in Paris? Use the population tool.")]}
+
+    def shape(state: dict) -> list:  # tool call ids are the server's random ones
+        return [(m.type, m.content, [(c["name"], c["args"]) for c in getattr(m, "tool_calls", [])])
+                for m in state["messages"]]
+
+    recording_proxy.take()
+    plain = agent.invoke(question)
+    sent_plain = recording_proxy.take()
+    before = relayed(served_runtime)
+    fast = TeolaRunnable(agent, runtime=served_runtime)
+    assert shape(fast.invoke(question)) == shape(plain)
+    sent = recording_proxy.take()
+    assert relayed(served_runtime) - before == len(sent) == len(sent_plain) >= 1
+    assert json.dumps(sent[0], sort_keys=True) == json.dumps(sent_plain[0], sort_keys=True)  # tools, system prompt
+    assert shape(asyncio.run(fast.ainvoke(question))) == shape(plain)
+
+
 def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
     """``ChatOpenAI.with_structured_output(Schema)`` (LangChain's structured-output guide)
     ends in the SDK's ``chat.completions.parse``. A function step's ``chain.invoke`` /
