@@ -107,18 +107,22 @@ def _lowered_ainvoke(original: Callable[..., Any]) -> Callable[..., Any]:
 _COMPOSITIONS = (RunnableSequence, RunnableParallel)  # what LCEL's | and {...} build
 
 
+_WRAPS = {"invoke": _lowered_invoke, "ainvoke": _lowered_ainvoke}
+
+
 def install() -> None:
-    """Wrap the compositions' ``invoke`` / ``ainvoke`` (idempotent; inert outside a lowering scope)."""
+    """Wrap the compositions' own ``invoke`` / ``ainvoke`` (idempotent; inert outside a
+    lowering scope; a method a class no longer defines itself is left alone)."""
     for cls in _COMPOSITIONS:
-        if not hasattr(cls.__dict__["invoke"], "__teola_original__"):
-            cls.invoke = _lowered_invoke(cls.__dict__["invoke"])
-        if not hasattr(cls.__dict__["ainvoke"], "__teola_original__"):
-            cls.ainvoke = _lowered_ainvoke(cls.__dict__["ainvoke"])
+        for name, wrap in _WRAPS.items():
+            method = cls.__dict__.get(name)
+            if method is not None and not hasattr(method, "__teola_original__"):
+                setattr(cls, name, wrap(method))
 
 
 def uninstall() -> None:
     for cls in _COMPOSITIONS:
-        for name in ("invoke", "ainvoke"):
-            original = getattr(cls.__dict__[name], "__teola_original__", None)
+        for name in _WRAPS:
+            original = getattr(cls.__dict__.get(name), "__teola_original__", None)
             if original is not None:
                 setattr(cls, name, original)
