@@ -154,8 +154,9 @@ def test_send_branches_run_their_chains_as_concurrent_graph_runs(recording_proxy
     assert bodies(recording_proxy.take()) == plain_bodies
     assert relayed(served_runtime) == relayed_before and graph_runs(served_runtime) - runs_before == 3
     spans = served_runtime.timeline.spans(served_runtime.timeline.query_ids()[-3:])
-    decodes = sorted((s.start, s.end) for s in spans if s.engine.startswith("served:"))
-    assert len(decodes) >= 3 and decodes[1][0] < decodes[0][1]  # the branches' calls overlapped
+    decodes = [(s.start, s.end) for s in spans if s.op == "llm_decode" and s.engine.startswith("served:")]
+    at_once = max(sum(1 for a, b in decodes if a <= start < b) for start, _ in decodes)
+    assert len(decodes) == 3 and at_once >= 2  # the branches decoded together
 
 
 def test_a_failing_chain_in_a_node_raises_plains_error_and_the_next_run_works(recording_proxy, served_runtime):
