@@ -33,6 +33,27 @@ def test_one_wrapper_per_chain_object_and_only_the_last_ones_kept():
     assert chains.wrapper(first) == ("wrapper", CalledChains.MAX_CHAINS + 2)  # evicted, made again
 
 
+def test_recent_keeps_what_was_used_last_and_holds_the_objects_whose_ids_key_it():
+    import gc
+    import weakref
+
+    from teola_plugin.langchain.recent import Recent
+
+    kept: Recent[str] = Recent(2)
+    kept.put("a", "A")
+    kept.put("b", "B")
+    assert kept.get("a") == "A"  # used: now the newest
+    kept.put("c", "C")
+    assert (kept.get("a"), kept.get("b"), kept.get("c")) == ("A", None, "C") and len(kept) == 2
+
+    chain = RunnableLambda(str) | RunnableLambda(len)
+    alive = weakref.ref(chain)
+    kept.get_or_make(id(chain), lambda: "plan", keep=chain)
+    del chain
+    gc.collect()
+    assert alive() is not None  # its id cannot be handed to another chain while its plan is kept
+
+
 def test_the_scope_owners_own_chain_and_calls_outside_a_scope_run_their_own_invoke():
     chain = RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)
     asked = []

@@ -20,8 +20,6 @@ model-server calls routed).
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import Runnable, RunnableParallel, RunnableSequence
 
 from ..served_calls import current_scope
+from .recent import Recent
 
 if TYPE_CHECKING:
     from .runnable import TeolaRunnable
@@ -46,20 +45,10 @@ class CalledChains:
 
     def __init__(self, wrap: Callable[[Runnable], TeolaRunnable]) -> None:
         self._wrap = wrap
-        self._wrappers: OrderedDict[int, tuple[Runnable, TeolaRunnable]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._wrappers: Recent[TeolaRunnable] = Recent(self.MAX_CHAINS)
 
     def wrapper(self, chain: Runnable) -> TeolaRunnable:
-        with self._lock:
-            known = self._wrappers.get(id(chain))
-            if known is not None:
-                self._wrappers.move_to_end(id(chain))
-                return known[1]
-            fast = self._wrap(chain)
-            self._wrappers[id(chain)] = (chain, fast)
-            while len(self._wrappers) > self.MAX_CHAINS:
-                self._wrappers.popitem(last=False)
-            return fast
+        return self._wrappers.get_or_make(id(chain), lambda: self._wrap(chain), keep=chain)
 
 
 @dataclass(frozen=True)

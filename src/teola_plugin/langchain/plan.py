@@ -9,8 +9,6 @@ run time for the sub-chains of ``RunnableEach`` / ``RunnableBranch`` (the tracer
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from ..capture.langchain.tracer import FIELD_OUTPUT, SubPlan, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
 from .called_chains import EXPLAIN_CALLED
+from .recent import Recent
 from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize
@@ -118,26 +117,17 @@ class SubPlans:
         self.runtime, self.cost_model = runtime, cost_model
         self.engine_models = dict(engine_models)
         self.passes, self.disabled = passes, tuple(disabled)
-        self._plans: OrderedDict[tuple[int, InputLayout], tuple[Any, ExecutionPlan]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._plans: Recent[ExecutionPlan] = Recent(self.MAX_PLANS)  # by (id(runnable), layout)
 
     def plan(self, runnable: Any, layout: InputLayout) -> ExecutionPlan:
         key = (id(runnable), layout)
-        with self._lock:
-            known = self._plans.get(key)
+        known = self._plans.get(key)
         if known is not None:
-            plan = known[1].current(self.runtime, self.passes, self.disabled, self)
-            if plan is not known[1]:
-                with self._lock:
-                    self._plans[key] = (runnable, plan)
-            return plan
+            plan = known.current(self.runtime, self.passes, self.disabled, self)
+            return plan if plan is known else self._plans.put(key, plan, keep=runnable)
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
         plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.runtime, self.cost_model, self)
-        with self._lock:
-            self._plans[key] = (runnable, plan)  # the runnable is kept alive with its id
-            while len(self._plans) > self.MAX_PLANS:
-                self._plans.popitem(last=False)
-        return plan
+        return self._plans.put(key, plan, keep=runnable)
 
     def uses_engines(self, runnable: Any) -> bool:
         """Whether ``runnable`` (a sub-chain met at run time) may put work on an engine,
@@ -156,9 +146,8 @@ class SubPlans:
         When the caller's callbacks listen, the plan reports the sub-chain's run tree under the
         expanding component's run (``tag``: the one the sub-chain's run carries there)."""
         layout = InputLayout.of(input)
-        with self._lock:
-            known = self._plans.get((id(runnable), layout))
-        plan = known[1] if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
+        known = self._plans.get((id(runnable), layout))
+        plan = known if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
         await self.runtime.provide(plan.trace.engines)
         config = ensure_config()  # the expanding component's run's child config
         observer = None

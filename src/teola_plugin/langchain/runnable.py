@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -45,6 +44,7 @@ from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
 from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
+from .recent import Recent
 from .stream_split import StreamSplit
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)
@@ -65,7 +65,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     cost_model: Any = Field(default=None, exclude=True)
     """The optimizer's ``CostModel``; default: the runtime's (which engines share hardware)."""
 
-    _plans: OrderedDict[InputLayout, ExecutionPlan] = PrivateAttr(default_factory=OrderedDict)
+    _plans: Recent[ExecutionPlan] = PrivateAttr(default_factory=lambda: Recent(MAX_PLANS))  # by input layout
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _sub_plans: SubPlans | None = PrivateAttr(default=None)
     _split: tuple[StreamSplit | None] | None = PrivateAttr(default=None)  # None: not looked for yet
@@ -102,12 +102,10 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                 trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
                 plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime(), self.cost_model,
                                            sub)
-                self._plans[layout] = plan
-                while len(self._plans) > MAX_PLANS:
-                    self._plans.popitem(last=False)
+                self._plans.put(layout, plan)
             else:
-                plan = self._plans[layout] = plan.current(self.teola_runtime(), self.passes, self.disabled,
-                                                          self._sub_planner())
+                plan = self._plans.put(layout, plan.current(self.teola_runtime(), self.passes, self.disabled,
+                                                            self._sub_planner()))
             return plan
 
     def _sub_planner(self) -> SubPlans:
@@ -209,6 +207,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _takes_as_is(self, plan: ExecutionPlan | None, streaming: bool = False) -> bool:
         return self.timeout_s is None and self._as_is(plan, streaming)
 
+    def _call_as_is(self, plan: ExecutionPlan | None, config: RunnableConfig | None) -> bool:
+        """Whether an ``invoke`` / ``ainvoke`` with ``config`` runs the chain as it is: also
+        when the call's handlers stream the models' tokens and the graph run would not."""
+        return self._takes_as_is(plan, streams_llm_calls(config))
+
     def _runs_as_is(self, input: Any, streaming: bool = False) -> bool:
         return self._takes_as_is(self._traced_or_none(InputLayout.of(input)), streaming)
 
@@ -230,14 +233,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
-        if kwargs or self._takes_as_is(plan, streams_llm_calls(config)):
+        if kwargs or self._call_as_is(plan, config):
             with self._running_as_is():
                 return self.chain.invoke(input, config, **kwargs)
         return self.invoke_graph(plan, input, config)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         plan = None if kwargs else await self._aplan_or_none(input)
-        if kwargs or self._takes_as_is(plan, streams_llm_calls(config)):
+        if kwargs or self._call_as_is(plan, config):
             with self._running_as_is():
                 return await self.chain.ainvoke(input, config, **kwargs)
         return await self.ainvoke_graph(plan, input, config)
@@ -258,11 +261,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         is or cannot be traced (for a chain user code calls, ``called_chains``: it then runs
         its own ``invoke``)."""
         plan = self._traced_or_none(InputLayout.of(input))
-        return None if plan is None or self._takes_as_is(plan, streams_llm_calls(config)) else plan
+        return None if plan is None or self._call_as_is(plan, config) else plan
 
     async def agraph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:
         plan = await self._aplan_or_none(input)
-        return None if plan is None or self._takes_as_is(plan, streams_llm_calls(config)) else plan
+        return None if plan is None or self._call_as_is(plan, config) else plan
 
     # -- the chain run as it is ----------------------------------------------------------
     # Its model-server calls go through the served engines, and the LCEL chains its code calls

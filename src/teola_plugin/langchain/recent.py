@@ -1,0 +1,58 @@
+"""The last N values made for keys, the oldest dropped first: the plans and wrappers kept per
+chain and input layout.
+
+Keys built from ``id(obj)`` are only sound while ``obj`` is alive, so an entry can hold its
+object (``keep``): a chain built afresh per call cannot hand its id to another chain while
+its plan is still kept."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class Recent(Generic[V]):
+    """A thread-safe least-recently-used map of at most ``limit`` entries."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[Hashable, tuple[Any, V]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> V | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def get_or_make(self, key: Hashable, make: Callable[[], V], keep: Any = None) -> V:
+        """The value kept for ``key``, else ``make()``'s, made once under the lock (keep
+        ``make`` cheap: lookups of other keys wait for it)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry[1]
+            value = make()
+            self._insert(key, value, keep)
+            return value
+
+    def put(self, key: Hashable, value: V, keep: Any = None) -> V:
+        with self._lock:
+            self._insert(key, value, keep)
+        return value
+
+    def _insert(self, key: Hashable, value: V, keep: Any) -> None:
+        self._entries[key] = (keep, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
