@@ -52,6 +52,7 @@ def test_graph_rejects_an_unknown_app():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # imports and starts every part in its own process: `make test-all`
 def test_doctor_checks_every_part_without_the_llm():
     proc = teola("doctor", "--skip-llm")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -148,6 +149,7 @@ def test_bench_rejects_an_unknown_app():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # `make demo` itself, in its own process with its own engines: `make test-all`
 def test_demo_answers_with_plain_llama_index_and_teola_and_writes_pictures(tmp_path):
     proc = teola("demo", "--questions", "1", "--docs", "20", "--max-tokens", "16", "--out", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

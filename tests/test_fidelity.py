@@ -52,6 +52,7 @@ def test_the_rewriter_wraps_the_tests_call_sites_in_place_and_nothing_else():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # langchain-core's suites in their own process: `make test-all` (all modes: `make fidelity`)
 def test_langchain_cores_own_suites_pass_wrapped(tmp_path):
     """Downloads langchain-core's sdist of the installed version (pip, a registry download),
     runs three of its suites plain and with every chain wrapped: no test that passes plain

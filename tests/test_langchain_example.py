@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # its own Ray and engines: `make test-all`
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "langchain_quickstart.py"
 

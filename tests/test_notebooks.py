@@ -58,6 +58,7 @@ def test_each_notebook_has_its_expectations():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # each kernel starts its own Ray and engines: `make test-all`
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_headless(path, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from teola_plugin import datasets
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # its own Ray and engines: `make test-all`
 
 
 def test_queries_run_across_a_two_node_cluster():

@@ -22,6 +22,7 @@ def section_code(readme: str, heading: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.extended  # starts its own vLLM engine and Ray: `make test-all`
 def test_readme_integration_sections_run_as_written(tmp_path):
     readme = (ROOT / "README.md").read_text()
     script = tmp_path / "readme_sections.py"

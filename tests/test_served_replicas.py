@@ -24,6 +24,9 @@ from teola_plugin.langchain import TeolaRunnable
 from teola_plugin.runtime.runtime import Runtime
 from tests.fixtures_served import SERVED_NAME, ModelServer, RecordingProxy, start_model_server
 
+# A second model server (priority scheduling), besides the session's: `make test-all`.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
+
 QUESTIONS = ["Where is the Eiffel Tower?", "Who wrote Hamlet?", "What is the capital of Japan?",
              "What do bees make?"]
 
