@@ -13,7 +13,8 @@ demo: setup
 
 # `make test` (CI): one vLLM engine, one model server, one Ray runtime for the session; the
 # slowest tests are listed at the end. `make test-all` adds the `extended` checks, which start
-# their own processes (notebooks headless, examples, the demo, README scripts, a cluster).
+# their own processes (notebooks headless, examples, the demo, README scripts, a cluster) and
+# the benchmark apps end to end.
 test: setup
 	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak and not extended" --durations=15 $(PYTEST_ARGS)
 

@@ -207,6 +207,7 @@ def test_a_killed_segment_is_closed_at_its_last_save_when_the_run_resumes(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a benchmark app's streaming run (`teola bench` runs it too): `make test-all`
 def test_llama_index_apps_stream_the_same_answer_and_report_the_first_token(runtime):
     """Under load the LlamaIndex apps stream (``streaming=True`` + ``aquery``), plain and on
     Teola: the streamed text is the answer, with the same sources, and the time to its first
@@ -269,6 +270,8 @@ def test_a_decode_whose_tokens_came_while_others_were_timed_counts_them_in_the_b
     assert bound["bound_s"] == pytest.approx(0.5 + 0.64 + 29 * 0.04)
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # two benchmark apps end to end (`teola bench --apps li_workflow lg_multihop`): `make test-all`
 def test_the_fan_out_apps_run_their_framework_composition_with_the_calls_on_teola(runtime):
     """The workflow and LangGraph apps (#18 / #19 benchmark rows): the Workflow's two parallel
     query engines are run by the executor (lowered graphs) and answer from the same sources as

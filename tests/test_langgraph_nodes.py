@@ -153,10 +153,15 @@ def test_send_branches_run_their_chains_as_concurrent_graph_runs(recording_proxy
     assert got["topics"] == plain["topics"] and len(got["answers"]) == 3 and all(a.strip() for a in got["answers"])
     assert bodies(recording_proxy.take()) == plain_bodies
     assert relayed(served_runtime) == relayed_before and graph_runs(served_runtime) - runs_before == 3
-    spans = served_runtime.timeline.spans(served_runtime.timeline.query_ids()[-3:])
-    decodes = [(s.start, s.end) for s in spans if s.op == "llm_decode" and s.engine.startswith("served:")]
-    at_once = max(sum(1 for a, b in decodes if a <= start < b) for start, _ in decodes)
-    assert len(decodes) == 3 and at_once >= 2  # the branches decoded together
+    # The branches' graph runs were in flight together (LangGraph runs Send branches on its
+    # threads; nothing in the lowering serializes them). Whole runs, not decodes: on a slow
+    # machine a 12-token decode can end before the next branch's request reaches the server.
+    timeline = served_runtime.timeline
+    runs = [timeline.spans([qid]) for qid in timeline.query_ids()[-3:]]
+    windows = sorted((min(s.start for s in run), max(s.end for s in run)) for run in runs)
+    print("branch runs (start, end):", windows)
+    assert all(any(s.op == "llm_decode" and s.engine.startswith("served:") for s in run) for run in runs)
+    assert windows[1][0] < windows[0][1]  # the second branch started before the first ended
 
 
 def test_a_failing_chain_in_a_node_raises_plains_error_and_the_next_run_works(recording_proxy, served_runtime):
