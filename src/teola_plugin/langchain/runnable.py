@@ -216,8 +216,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self._takes_as_is(self._traced_or_none(InputLayout.of(input)), streaming)
 
     async def _aplan(self, input: Any) -> ExecutionPlan:
-        """``_plan`` without blocking the caller's event loop: a known plan is a dict read (no
-        lock), a new one is traced on a thread (tracing imports and inspects code)."""
+        """``_plan`` without blocking the caller's event loop: a known plan is a map read (not
+        the tracing lock), a new one is traced on a thread (tracing imports and inspects code)."""
         plan = self._plans.get(InputLayout.of(input))
         return plan if plan is not None else await asyncio.to_thread(self._plan, input)
 
