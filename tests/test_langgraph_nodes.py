@@ -154,9 +154,8 @@ def test_send_branches_run_their_chains_as_concurrent_graph_runs(recording_proxy
     assert bodies(recording_proxy.take()) == plain_bodies
     assert relayed(served_runtime) == relayed_before and graph_runs(served_runtime) - runs_before == 3
     # The branches' graph runs were in flight together (LangGraph runs Send branches on its
-    # threads; nothing in the lowering serializes them). Whole runs, not decodes: how the served
-    # decodes interleave is the engine's admission and the server's timing (a slow 2-core
-    # machine ran them one after another).
+    # threads; nothing in the lowering serializes them). Whole runs, not decodes: the recording
+    # proxy hands a streamed reply over whole, so a decode's span on this side is only its end.
     timeline = served_runtime.timeline
     runs = [timeline.spans([qid]) for qid in timeline.query_ids()[-3:]]
     windows = sorted((min(s.start for s in run), max(s.end for s in run)) for run in runs)
