@@ -140,6 +140,8 @@ def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
         assert written[name].read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # two questions under two systems on the real engines (~3.5 min on 2 slow cores): `make test-all`
 def test_an_interrupted_benchmark_resumes_where_it_stopped(runtime, tmp_path, monkeypatch):
     """Ctrl-C in the middle of the second question (one system done): only the first
     question is on disk; the resumed run redoes the second whole and reports both questions
