@@ -26,7 +26,8 @@ from teola_plugin.langchain import TeolaRunnable
 from teola_plugin.runtime.runtime import Runtime
 from tests.fixtures_served import EMBEDDING_NAME, SERVED_NAME, docs_rag_chain, free_port
 
-pytestmark = pytest.mark.slow
+# A second vLLM server (an embedding model), besides the session's: `make test-all`.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 QUESTIONS = [q.question for q in datasets.load_questions("squad-xquad-en", limit=40)[::13]]
 
