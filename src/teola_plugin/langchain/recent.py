@@ -25,28 +25,29 @@ class Recent(Generic[V]):
 
     def get(self, key: Hashable) -> V | None:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[1]
+            return self._lookup(key)
 
     def get_or_make(self, key: Hashable, make: Callable[[], V], keep: Any = None) -> V:
         """The value kept for ``key``, else ``make()``'s, made once under the lock (keep
         ``make`` cheap: lookups of other keys wait for it)."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                return entry[1]
-            value = make()
-            self._insert(key, value, keep)
+            value = self._lookup(key)
+            if value is None:
+                value = make()
+                self._insert(key, value, keep)
             return value
 
     def put(self, key: Hashable, value: V, keep: Any = None) -> V:
         with self._lock:
             self._insert(key, value, keep)
         return value
+
+    def _lookup(self, key: Hashable) -> V | None:  # under the lock
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
 
     def _insert(self, key: Hashable, value: V, keep: Any) -> None:
         self._entries[key] = (keep, value)
