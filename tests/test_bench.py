@@ -104,6 +104,7 @@ def test_poisson_summary_finds_where_plain_concurrent_saturates():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # one app under two systems, bound and page (~3.5 min on 2 slow cores): `make test-all`
 def test_tiny_benchmark_end_to_end_writes_results_and_page(runtime, tmp_path):
     from teola_plugin.bench import report
     from teola_plugin.bench.runner import Bench, BenchConfig

@@ -37,7 +37,7 @@ def test_recent_keeps_what_was_used_last_and_holds_the_objects_whose_ids_key_it(
     import gc
     import weakref
 
-    from teola_plugin.langchain.recent import Recent
+    from teola_plugin.recent import Recent
 
     kept: Recent[str] = Recent(2)
     kept.put("a", "A")

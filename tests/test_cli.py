@@ -20,6 +20,17 @@ def teola(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
 
 
+def teola_here(capsys, *args: str) -> subprocess.CompletedProcess[str]:
+    """``teola`` in this process: for the checks that end before any engine starts (a
+    subprocess costs an interpreter and the package's imports, ~8 s on 2 slow cores)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["teola", *args], code, out.out, out.err)
+
+
 def test_graph_writes_both_pictures_and_explains_the_passes(tmp_path):
     proc = teola("graph", "advanced_rag", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -159,7 +170,7 @@ def test_demo_answers_with_plain_llama_index_and_teola_and_writes_pictures(tmp_p
         assert (tmp_path / name).stat().st_size > 0, name
 
 
-def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path):
+def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path, capsys):
     """A run of hours saves its progress; a new run never overwrites an unfinished one by
     accident, and a resumed run keeps the settings and the code it started with."""
     import json
@@ -167,20 +178,20 @@ def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path)
     from teola_plugin.bench.checkpoint import Checkpoint
 
     ckpt = tmp_path / "checkpoint.json"
-    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    proc = teola_here(capsys, "bench", "--resume", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "no benchmark checkpoint" in proc.stderr
     Checkpoint.start(ckpt, {"apps": ["search_gen"]}).save()  # an interrupted run
-    proc = teola("bench", "--quick", "--checkpoint", str(ckpt), "--out", str(tmp_path))
+    proc = teola_here(capsys, "bench", "--quick", "--checkpoint", str(ckpt), "--out", str(tmp_path))
     assert proc.returncode == 2 and "unfinished" in proc.stderr and "--fresh" in proc.stderr
-    proc = teola("bench", "--resume", "--questions", "3", "--checkpoint", str(ckpt))
+    proc = teola_here(capsys, "bench", "--resume", "--questions", "3", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "'--questions'" in proc.stderr
-    proc = teola("bench", "--report-only", "--resume", "--out", str(tmp_path))
+    proc = teola_here(capsys, "bench", "--report-only", "--resume", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--report-only" in proc.stderr
     data = json.loads(ckpt.read_text())
     live = {"started": "now", "open": True, "pid": os.getpid(), "host": __import__("socket").gethostname()}
     ckpt.write_text(json.dumps({**data, "segments": [live]}))  # this test process stands for a running run
-    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    proc = teola_here(capsys, "bench", "--resume", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "still running" in proc.stderr
     ckpt.write_text(json.dumps({**data, "code_identity": "0" * 16}))  # other package source
-    proc = teola("bench", "--resume", "--checkpoint", str(ckpt))
+    proc = teola_here(capsys, "bench", "--resume", "--checkpoint", str(ckpt))
     assert proc.returncode == 2 and "same code" in proc.stderr and "git worktree" in proc.stderr

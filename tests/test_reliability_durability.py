@@ -123,9 +123,10 @@ def no_teola_error(stderr: str) -> bool:
     ("sigterm", {-signal.SIGTERM, signal.SIGTERM, 1, -signal.SIGABRT}),
     ("os_exit", {0}),
     ("exception", {1}),
-    ("normal", {0}),
-    ("close", {0}),
-    ("shutdown", {0}),
+    # The orderly exits take the interpreter's atexit path, as an uncaught exception does: `make test-all`.
+    pytest.param("normal", {0}, marks=pytest.mark.extended),
+    pytest.param("close", {0}, marks=pytest.mark.extended),
+    pytest.param("shutdown", {0}, marks=pytest.mark.extended),
 ])
 def test_every_acknowledged_document_survives_each_exit_path_with_a_persistent_chroma_store(
         tmp_path, how, returncodes):

@@ -20,7 +20,8 @@ from teola_plugin.errors import EngineRestartedError, QueryTimeoutError
 from teola_plugin.langchain import TeolaRunnable
 from tests.reliability import PromptSpy, build_advanced_rag, check_results, engine_state, soak_questions, wait_idle
 
-pytestmark = pytest.mark.slow
+# Kills and restarts the engine actors (vLLM reloads: ~5.5 min on 2 slow cores): `make test-all`.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 def kill_mid_run(runtime, fast, questions, engine: str, when) -> list:

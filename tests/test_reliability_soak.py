@@ -44,6 +44,7 @@ def assert_flat(memory: list[dict], timeline_limit: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a minute of open-loop load plus its saturation probe (~5 min on 2 slow cores): `make test-all`
 def test_short_poisson_soak_at_twice_saturation(runtime):
     report = run_soak(runtime, 60, rate_factor=2.0, seed=0, timeout_s=120, saturation_probe=8, checkpoints=2)
     print({k: v for k, v in report.items() if k != "memory"})

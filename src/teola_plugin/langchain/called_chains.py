@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import Runnable, RunnableParallel, RunnableSequence
 
 from ..served_calls import current_scope
-from .recent import Recent
+from ..recent import Recent
 
 if TYPE_CHECKING:
     from .runnable import TeolaRunnable

@@ -22,7 +22,7 @@ from ..capture.langchain.tracer import FIELD_OUTPUT, SubPlan, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
 from .called_chains import EXPLAIN_CALLED
-from .recent import Recent
+from ..recent import Recent
 from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize

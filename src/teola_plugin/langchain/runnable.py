@@ -44,7 +44,7 @@ from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
 from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
-from .recent import Recent
+from ..recent import Recent
 from .stream_split import StreamSplit
 
 MAX_PLANS = 32  # traces kept per chain (one per input layout)

@@ -15,9 +15,10 @@ ones taking turns, so that new prefixes spread over the replicas' caches.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..recent import Recent
 
 PREFIX_CHARS = (512, 2048, 8192, 32768)  # prefix lengths remembered (~128 to ~8k tokens)
 SLACK = 2  # outstanding requests above the least loaded replica a cached prefix is worth
@@ -47,7 +48,7 @@ def _key(text: str, length: int) -> bytes:
 
 class PrefixAffinity:
     def __init__(self) -> None:
-        self._owner: OrderedDict[bytes, int] = OrderedDict()  # prefix -> the replica that has it
+        self._owner: Recent[int] = Recent(MAX_PREFIXES)  # prefix -> the replica that has it
         self._turn = 0  # new prefixes take turns among equally loaded replicas
 
     def choose(self, text: str | None, outstanding: Sequence[int]) -> int:
@@ -69,8 +70,4 @@ class PrefixAffinity:
         for length in PREFIX_CHARS:
             if text is None or len(text) < length:
                 break
-            key = _key(text, length)
-            self._owner[key] = replica
-            self._owner.move_to_end(key)
-        while len(self._owner) > MAX_PREFIXES:
-            self._owner.popitem(last=False)
+            self._owner.put(_key(text, length), replica)

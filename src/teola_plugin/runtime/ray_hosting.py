@@ -15,7 +15,6 @@ stream it opened, so no engine work outlives its query.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import os
@@ -24,6 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..errors import EngineNotStartedError
+from ..recent import Recent
 from .hosting import EngineHandle, EngineServer, EngineSpec
 from .policies import Priority, default_policy
 from .requests import BatchInfo, EngineRequest, StreamOpen
@@ -37,6 +37,7 @@ CLOSE_WAIT_S = 10.0  # how long close() lets clean-ups of abandoned calls finish
 GRACEFUL_CLOSE_S = 30.0  # how long an engine gets to unload before its actor is killed
 CLOSE_BUDGET_S = CLOSE_WAIT_S + 5 + GRACEFUL_CLOSE_S  # the most one close() takes
 IDEMPOTENT_OPS = frozenset({"embed", "search", "rerank", "prefill", "generate"})
+REMEMBERED_TOKENS = 10_000  # cancelled and stream-opening request tokens an actor remembers
 _tokens = itertools.count()
 _actor_ids = itertools.count()  # actor names stay unique when a failed start is retried
 
@@ -53,10 +54,10 @@ class EngineActor:
         self._inflight: dict[str, asyncio.Task[Any]] = {}  # request token -> its task here
         # Tokens cancelled before their request arrived (calls may overtake each other);
         # bounded, since a cancel can also come after its request finished.
-        self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._cancelled: Recent[bool] = Recent(REMEMBERED_TOKENS)
         # open_stream token -> the stream it opened: a caller cancelled while the answer was
         # on its way never learns the stream id, but its cancel names the token. Bounded.
-        self._opened: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._opened: Recent[str] = Recent(REMEMBERED_TOKENS)
 
     async def start(self) -> dict[str, Any]:
         return await self.server.start()
@@ -68,8 +69,7 @@ class EngineActor:
         """Several requests in one actor call; each answers (ok, result or exception)."""
 
         async def one(token: str, op: str, payload: Mapping[str, Any], priority: Priority) -> tuple[bool, Any]:
-            if token in self._cancelled:
-                del self._cancelled[token]
+            if self._cancelled.pop(token):
                 return False, RequestCancelled(f"request {token} was cancelled by its caller")
             self._inflight[token] = asyncio.current_task()  # type: ignore[assignment]
             try:
@@ -94,7 +94,7 @@ class EngineActor:
             elif sid is not None:
                 await self.server.close_stream(sid)
             else:
-                _remember(self._cancelled, token, None)
+                self._cancelled.put(token, True)
 
     async def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await self.server.call(method, *args, **kwargs)
@@ -105,8 +105,7 @@ class EngineActor:
         if token is None:
             return await self.server.open_stream(method, kwargs, priority)
         nothing = StreamOpen("", [], True, BatchInfo(self.server.spec.name, -1, 1, time.time(), time.time()))
-        if token in self._cancelled:  # cancelled before it arrived
-            del self._cancelled[token]
+        if self._cancelled.pop(token):  # cancelled before it arrived
             return nothing
         self._inflight[token] = asyncio.current_task()  # type: ignore[assignment]
         try:
@@ -116,7 +115,7 @@ class EngineActor:
         finally:
             self._inflight.pop(token, None)
         if not opened.finished:
-            _remember(self._opened, token, opened.sid)
+            self._opened.put(token, opened.sid)
         return opened
 
     async def resume_stream(self, sid: str):
@@ -136,12 +135,6 @@ class EngineActor:
         import ray
 
         return ray.get_runtime_context().get_node_id()
-
-
-def _remember(memo: collections.OrderedDict[str, Any], key: str, value: Any, limit: int = 10_000) -> None:
-    memo[key] = value
-    while len(memo) > limit:
-        memo.popitem(last=False)
 
 
 def create_actor(spec: EngineSpec, replica: int, max_restarts: int = 3, **options: Any) -> Any:

@@ -1,5 +1,6 @@
-"""The last N values made for keys, the oldest dropped first: the plans and wrappers kept per
-chain and input layout.
+"""The last N values kept for keys, the least recently used dropped first: the plans and
+wrappers kept per chain and input layout, the prefixes a replica caches, the cancels an engine
+actor remembers.
 
 Keys built from ``id(obj)`` are only sound while ``obj`` is alive, so an entry can hold its
 object (``keep``): a chain built afresh per call cannot hand its id to another chain while
@@ -41,6 +42,12 @@ class Recent(Generic[V]):
         with self._lock:
             self._insert(key, value, keep)
         return value
+
+    def pop(self, key: Hashable) -> V | None:
+        """Remove ``key``'s entry; its value, or None when there was none."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+        return None if entry is None else entry[1]
 
     def _lookup(self, key: Hashable) -> V | None:  # under the lock
         entry = self._entries.get(key)
