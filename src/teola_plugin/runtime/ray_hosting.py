@@ -88,7 +88,7 @@ class EngineActor:
         close the streams they opened; remember the ones that have not arrived yet."""
         for token in tokens:
             task = self._inflight.get(token)
-            sid = self._opened.pop(token, None)
+            sid = self._opened.pop(token)
             if task is not None:
                 task.cancel()
             elif sid is not None:
