@@ -123,3 +123,24 @@ def test_a_cancel_that_crosses_the_opening_of_a_stream_leaves_no_stream_open(run
     assert sid and not finished and opened["llm"]["open_streams"] >= 1
     assert late.sid == "" and late.first == [] and late.finished is True
     assert left == {}
+
+
+def test_an_actors_cancel_before_its_request_arrives_answers_that_request_cancelled_once():
+    """The actor's bookkeeping alone (no Ray, no engine started): a cancel can overtake the
+    request it names; that request (a call or a stream opening) is then answered cancelled,
+    and the token is forgotten, so it cancels nothing else later."""
+    from teola_plugin.runtime.ray_hosting import EngineActor, RequestCancelled
+    from teola_plugin.runtime.runtime import default_engine_specs
+
+    actor = EngineActor(default_engine_specs()["search"])
+
+    async def scenario() -> tuple:
+        await actor.cancel(["call", "stream"])
+        answered = await actor.submit_many([("call", "search", {}, None)])
+        opened = await actor.open_stream("generate", {}, None, token="stream")
+        return answered, opened
+
+    [(ok, exc)], opened = asyncio.run(scenario())
+    assert not ok and isinstance(exc, RequestCancelled) and "call" in str(exc)
+    assert opened.finished and opened.sid == "" and opened.first == []
+    assert len(actor._cancelled) == 0 and len(actor._opened) == 0
