@@ -13,10 +13,10 @@ demo: setup
 
 # `make test` (CI): one vLLM engine, one model server, one Ray runtime for the session; the
 # slowest tests are listed at the end. `make test-all` adds the `extended` checks, which start
-# their own processes (notebooks headless, examples, the demo, README scripts, a cluster) and
-# the benchmark apps end to end.
+# their own processes (notebooks headless, examples, the demo, README scripts, a cluster), the
+# benchmark end to end, engine actors killed mid-run and the short soak.
 test: setup
-	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak and not extended" --durations=15 $(PYTEST_ARGS)
+	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak and not extended" --durations=40 $(PYTEST_ARGS)
 
 test-all: setup
 	@. scripts/runtime_env.sh && $(VENV)/bin/python -m pytest -m "not soak" --durations=30 $(PYTEST_ARGS)
