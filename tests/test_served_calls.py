@@ -56,8 +56,8 @@ def bodies(requests: list[tuple[str, dict]]) -> list[str]:
 def chat_openai(base_url: str, **kwargs):
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(model=SERVED_NAME, base_url=base_url, api_key="EMPTY",
-                      **{"temperature": 0.0, "max_tokens": 12, **kwargs})
+    return ChatOpenAI(base_url=base_url, api_key="EMPTY",
+                      **{"model": SERVED_NAME, "temperature": 0.0, "max_tokens": 12, **kwargs})
 
 
 # ------------------------------------------------------------------------------ LangGraph
@@ -258,6 +258,54 @@ def test_a_v1_agent_runs_as_plain_with_every_model_request_sent_by_teola(recordi
     assert relayed(served_runtime) - before == len(sent) == len(sent_plain) >= 1
     assert json.dumps(sent[0], sort_keys=True) == json.dumps(sent_plain[0], sort_keys=True)  # tools, system prompt
     assert shape(asyncio.run(fast.ainvoke(question))) == shape(plain)
+
+
+def test_langchains_stateful_and_retrying_wrappers_run_as_plain_with_their_chains_on_teola(
+        recording_proxy, served_runtime):
+    """Wrappers users put around a chain, as LangChain's how-to guides write them, run as they
+    are: ``RunnableWithMessageHistory`` (a chat chain with a session store) reads and writes
+    plain's history, and the chain it calls runs lowered, one graph run per turn;
+    ``with_fallbacks`` (a model the server does not serve, then one it does) and
+    ``with_retry`` answer as plain, their requests sent by the served engine."""
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    model = chat_openai(recording_proxy.base_url)
+    prompt = ChatPromptTemplate.from_messages([("system", "You are a helpful assistant."),
+                                               MessagesPlaceholder("history"), ("human", "{input}")])
+    sessions: dict[str, InMemoryChatMessageHistory] = {}
+    chat = RunnableWithMessageHistory(prompt | model, lambda sid: sessions.setdefault(sid, InMemoryChatMessageHistory()),
+                                      input_messages_key="input", history_messages_key="history")
+    turns = ["Hi, I am Bob.", "What is my name?"]
+    recording_proxy.take()
+    plain = [chat.invoke({"input": t}, config={"configurable": {"session_id": "plain"}}).content for t in turns]
+    sent_plain = recording_proxy.take()
+    runs_before = len(served_runtime.timeline.query_ids())
+    fast = TeolaRunnable(chat, runtime=served_runtime)
+    teola = [fast.invoke({"input": t}, config={"configurable": {"session_id": "teola"}}).content for t in turns]
+    assert teola == plain and all(plain)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)  # the second turn's request holds the first
+    history = {sid: [(m.type, m.content) for m in h.messages] for sid, h in sessions.items()}
+    assert history["teola"] == history["plain"] and len(history["plain"]) == 4
+    assert len(served_runtime.timeline.query_ids()) - runs_before >= len(turns)  # the called chain, lowered
+
+    unserved = chat_openai(recording_proxy.base_url, model="not-served", max_retries=0)
+    prompt = ChatPromptTemplate.from_template("Answer briefly: {q}")
+    question = {"q": "Who won Super Bowl 50?"}
+    # (chain, requests relayed, graph runs): the fallbacks' model calls are relayed (the
+    # refused first one is sent too; ``relayed`` counts answers); the chain a retry wraps is
+    # a called chain, lowered into a graph run of its own
+    for chain, relays, lowered in ((prompt | unserved.with_fallbacks([model]) | StrOutputParser(), 1, 0),
+                                   ((prompt | model | StrOutputParser()).with_retry(stop_after_attempt=2), 0, 1)):
+        expected = chain.invoke(question)
+        sent_plain = recording_proxy.take()
+        before, runs_before = relayed(served_runtime), len(served_runtime.timeline.query_ids())
+        assert TeolaRunnable(chain, runtime=served_runtime).invoke(question) == expected
+        assert bodies(recording_proxy.take()) == bodies(sent_plain)
+        assert relayed(served_runtime) - before == relays
+        assert len(served_runtime.timeline.query_ids()) - runs_before == lowered  # a wrapper run as is has none
 
 
 def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
