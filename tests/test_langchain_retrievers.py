@@ -241,3 +241,44 @@ def test_a_lowered_retriever_reports_its_run_as_plain(runtime, retriever):
                 if "retriever" in e["event"]]
 
     assert asyncio.run(retriever_events(fast)) == asyncio.run(retriever_events(chain)) != []
+
+
+def test_a_parent_document_retriever_searches_its_chunks_lowered_and_returns_their_parents(runtime, passages):
+    """``ParentDocumentRetriever`` as LangChain's how-to builds it (small chunks in a vector
+    store, the whole documents in an ``InMemoryStore``): the chunks' search is lowered
+    (similarity and MMR), the parents come from its docstore by its own rule; the same
+    documents as plain under invoke and ainvoke. A subclass that redefines its search runs
+    as it is, and ``explain()`` says why."""
+    import asyncio
+
+    from langchain_classic.retrievers import ParentDocumentRetriever
+    from langchain_classic.retrievers.multi_vector import SearchType
+    from langchain_core.documents import Document
+    from langchain_core.stores import InMemoryStore
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    parents = ParentDocumentRetriever(vectorstore=InMemoryVectorStore(TeolaEmbeddings(runtime=runtime)),
+                                      docstore=InMemoryStore(),
+                                      child_splitter=RecursiveCharacterTextSplitter(chunk_size=200))
+    parents.add_documents([Document(page_content=p.text, metadata={"title": p.title}) for p in passages[:12]],
+                          ids=[p.id for p in passages[:12]])
+    mmr = ParentDocumentRetriever(vectorstore=parents.vectorstore, docstore=parents.docstore,
+                                  child_splitter=parents.child_splitter, search_type=SearchType.mmr,
+                                  search_kwargs={"k": 6, "fetch_k": 12})
+    for retriever in (parents, mmr):
+        fast = TeolaRunnable(retriever, runtime=runtime)
+        assert fast._plan(QUESTIONS[0]).trace.opaque == [] and {"embed", "vector_search"} <= set(ops_of(fast, QUESTIONS[0]))
+        for q in QUESTIONS:
+            expected = retriever.invoke(q)
+            assert fast.invoke(q) == expected and asyncio.run(fast.ainvoke(q)) == expected
+            assert expected and all(d.page_content in {p.text for p in passages} for d in expected)  # whole parents
+
+    class FirstOnly(ParentDocumentRetriever):
+        def _get_relevant_documents(self, query, *, run_manager):
+            return super()._get_relevant_documents(query, run_manager=run_manager)[:1]
+
+    mine = FirstOnly(vectorstore=parents.vectorstore, docstore=parents.docstore, child_splitter=parents.child_splitter)
+    fast = TeolaRunnable(mine, runtime=runtime)
+    assert fast.invoke(QUESTIONS[0]) == mine.invoke(QUESTIONS[0])
+    assert "redefines _get_relevant_documents" in fast.explain(QUESTIONS[0])

@@ -7,6 +7,11 @@ unchanged); what combines them runs by the composite's own code, so results are 
   for each query as soon as its line is complete.
 * ``EnsembleRetriever``: the retrievers run as parallel branches; the fusion is the
   retriever's own ``weighted_reciprocal_rank``.
+* ``MultiVectorRetriever`` / ``ParentDocumentRetriever``: the search over the small chunks
+  is lowered as a vector retriever's (embed -> vector_search on the user's store, with the
+  retriever's ``search_type`` and ``search_kwargs``); the parent documents are read from its
+  ``docstore`` by its own rule (the chunks' ``id_key``, first appearance first, missing
+  ones dropped), in one CPU step.
 * ``ContextualCompressionRetriever``: the base retriever is lowered; a ``TeolaReranker``
   compressor becomes hits -> ``rerank`` (on its engine) -> documents (``documents.py``,
   the same conversion the compressor uses when called directly); any other compressor
@@ -22,12 +27,15 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableSequence
+from langchain_core.vectorstores import VectorStoreRetriever
 
 from ....ir.ops import Op
 from ....runtime.caller import as_the_caller_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
+from ...overrides import overridden
 from ..values import Kind, PendingPrompt, Record, Traced, Value
+from .callbacks import retriever_reporters
 from .models import add_llm_call
 from .prompts import template_variables
 from .retrievers import check_vector_retriever, search_lists
@@ -76,6 +84,48 @@ def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
     return Traced(prim.out(OUT), Kind.DOCUMENTS)
 
 
+def lower_multi_vector(t: LangChainTracer, retriever: Any, value: Value) -> Value:
+    """The chunks' search as the vector retriever over the same store and arguments (what
+    ``MultiVectorRetriever._get_relevant_documents`` calls: ``similarity_search`` or
+    ``max_marginal_relevance_search`` with ``search_kwargs``), then the parents by its rule."""
+    from langchain_classic.retrievers.multi_vector import MultiVectorRetriever
+
+    redefined = ", ".join(overridden(retriever, MultiVectorRetriever,
+                                     ("_get_relevant_documents", "_aget_relevant_documents")))
+    if redefined:
+        raise NotLowerable(f"{type(retriever).__name__} redefines {redefined}")
+    if not isinstance(value, Traced) or value.kind is not Kind.TEXT:
+        raise NotLowerable("the query is not known to be a str")
+    search_type = getattr(retriever.search_type, "value", retriever.search_type)
+    if search_type not in ("similarity", "mmr"):
+        raise NotLowerable(f"search_type {search_type!r} (lowered: 'similarity', 'mmr')")
+    chunks = VectorStoreRetriever(vectorstore=retriever.vectorstore, search_type=search_type,
+                                  search_kwargs=dict(retriever.search_kwargs))
+    embedding = check_vector_retriever(t, chunks)
+    origin = component_name(retriever)
+    query = t.materialise(value)
+    report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
+    started = t.add(Op.OPAQUE, name="retriever_start", inputs={"query": query}, outputs=["run"],
+                    attrs={"fn": report_start}, origin=origin)
+    batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
+    lists = search_lists(t, chunks, embedding, batch.out(), 1)
+    id_key, docstore = retriever.id_key, retriever.docstore
+
+    async def parents(lists: list[list[Document]]) -> list[Document]:
+        ids: list[Any] = []
+        for chunk in lists[0]:
+            if id_key in chunk.metadata and chunk.metadata[id_key] not in ids:
+                ids.append(chunk.metadata[id_key])
+        found = await as_the_caller_calls(docstore.mget, docstore.amget, ids)  # invoke: mget; ainvoke: amget
+        return [d for d in found if d is not None]
+
+    found = t.add(Op.OPAQUE, name="parent_documents", inputs={"lists": lists}, outputs=[OUT],
+                  attrs={"fn": parents}, origin=origin)
+    ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": found.out(OUT)},
+                  attrs={"fn": report_end}, origin=origin)
+    return Traced(ended.out(), Kind.DOCUMENTS)
+
+
 def _is_teola_reranker(compressor: Any) -> bool:
     return callable(getattr(compressor, "teola_reranker_engine", None))
 
@@ -120,11 +170,13 @@ def _register() -> None:
     try:
         from langchain_classic.retrievers import ContextualCompressionRetriever, EnsembleRetriever
         from langchain_classic.retrievers.multi_query import MultiQueryRetriever
+        from langchain_classic.retrievers.multi_vector import MultiVectorRetriever
     except ImportError:  # langchain-classic is optional
         return
     lowering(MultiQueryRetriever)(lower_multi_query)
     lowering(EnsembleRetriever)(lower_ensemble)
     lowering(ContextualCompressionRetriever)(lower_compression)
+    lowering(MultiVectorRetriever)(lower_multi_vector)
 
 
 _register()
