@@ -47,7 +47,8 @@ def turns(engine, chat, stream_chat, achat) -> list:
 
 # ContextChatEngine answers as CondensePlusContextChatEngine does (a synthesizer over retrieved
 # nodes, without the condense call): the two below cover both call paths.
-@pytest.mark.parametrize("mode", ["condense_plus_context", "condense_question"])
+@pytest.mark.parametrize("mode", ["condense_plus_context",
+                                  pytest.param("condense_question", marks=pytest.mark.extended)])  # `make test-all`
 def test_chat_engine_turns_send_plain_requests_and_leave_plain_memory(mode, recording_proxy, squad_index,
                                                                       executor):
     llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=12)

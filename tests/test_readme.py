@@ -36,6 +36,7 @@ def test_readme_integration_sections_run_as_written(tmp_path):
     assert lang_out.strip()  # an answer was printed
 
 
+@pytest.mark.extended  # the README's script as a subprocess (~1.5 min); test_served_models runs the same apps: `make test-all`
 def test_readme_served_models_section_runs_as_written(tmp_path, model_server):
     readme = (ROOT / "README.md").read_text()
     code = section_code(readme, "Served models")
