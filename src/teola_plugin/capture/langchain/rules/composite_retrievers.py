@@ -29,16 +29,16 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.runnables import RunnableSequence
 from langchain_core.vectorstores import VectorStoreRetriever
 
+from ....ir.node import Ref
 from ....ir.ops import Op
 from ....runtime.caller import as_the_caller_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ...overrides import overridden
 from ..values import Kind, PendingPrompt, Record, Traced, Value
-from .callbacks import retriever_reporters
 from .models import add_llm_call
 from .prompts import template_variables
-from .retrievers import check_vector_retriever, search_lists
+from .retrievers import check_vector_retriever, reported_search, search_lists
 
 
 def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
@@ -102,13 +102,6 @@ def lower_multi_vector(t: LangChainTracer, retriever: Any, value: Value) -> Valu
     chunks = VectorStoreRetriever(vectorstore=retriever.vectorstore, search_type=search_type,
                                   search_kwargs=dict(retriever.search_kwargs))
     embedding = check_vector_retriever(t, chunks)
-    origin = component_name(retriever)
-    query = t.materialise(value)
-    report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
-    started = t.add(Op.OPAQUE, name="retriever_start", inputs={"query": query}, outputs=["run"],
-                    attrs={"fn": report_start}, origin=origin)
-    batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
-    lists = search_lists(t, chunks, embedding, batch.out(), 1)
     id_key, docstore = retriever.id_key, retriever.docstore
 
     async def parents(lists: list[list[Document]]) -> list[Document]:
@@ -119,11 +112,11 @@ def lower_multi_vector(t: LangChainTracer, retriever: Any, value: Value) -> Valu
         found = await as_the_caller_calls(docstore.mget, docstore.amget, ids)  # invoke: mget; ainvoke: amget
         return [d for d in found if d is not None]
 
-    found = t.add(Op.OPAQUE, name="parent_documents", inputs={"lists": lists}, outputs=[OUT],
-                  attrs={"fn": parents}, origin=origin)
-    ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": found.out(OUT)},
-                  attrs={"fn": report_end}, origin=origin)
-    return Traced(ended.out(), Kind.DOCUMENTS)
+    def parent_documents(lists: Ref) -> Ref:
+        return t.add(Op.OPAQUE, name="parent_documents", inputs={"lists": lists}, outputs=[OUT],
+                     attrs={"fn": parents}, origin=component_name(retriever)).out(OUT)
+
+    return reported_search(t, retriever, chunks, embedding, value, parent_documents)
 
 
 def _is_teola_reranker(compressor: Any) -> bool:

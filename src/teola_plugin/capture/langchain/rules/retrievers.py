@@ -164,18 +164,30 @@ def query_vectors(t: LangChainTracer, embedding: EmbeddingCall, queries: Ref, n_
     return prim.out("vectors")
 
 
-@lowering(VectorStoreRetriever)
-def lower_vector_retriever(t: LangChainTracer, retriever: VectorStoreRetriever, value: Value) -> Value:
-    embedding = check_vector_retriever(t, retriever)
+def reported_search(t: LangChainTracer, retriever: Any, search: VectorStoreRetriever, embedding: EmbeddingCall,
+                    value: Value, documents: Callable[[Ref], Ref]) -> Value:
+    """One query's search of ``search``'s store inside ``retriever``'s own run, as
+    ``BaseRetriever.invoke`` reports it: retriever_start -> embed -> vector_search ->
+    ``documents(lists)`` (what the retriever returns, from the search's one list) ->
+    retriever_end."""
     origin = component_name(retriever)
     query = t.materialise(value)
     report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("retriever_start"), inputs={"query": query},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin)
     batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
-    lists = search_lists(t, retriever, embedding, batch.out(), 1)
-    pick = t.add(Op.AGGREGATE, name="documents", inputs={"in0": lists},
-                 attrs={"mode": "pick", "index": 0}, origin=origin)
-    ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": pick.out()},
+    lists = search_lists(t, search, embedding, batch.out(), 1)
+    ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": documents(lists)},
                   attrs={"fn": report_end}, origin=origin)
     return Traced(ended.out(), Kind.DOCUMENTS)
+
+
+@lowering(VectorStoreRetriever)
+def lower_vector_retriever(t: LangChainTracer, retriever: VectorStoreRetriever, value: Value) -> Value:
+    embedding = check_vector_retriever(t, retriever)
+
+    def first_list(lists: Ref) -> Ref:
+        return t.add(Op.AGGREGATE, name="documents", inputs={"in0": lists}, attrs={"mode": "pick", "index": 0},
+                     origin=component_name(retriever)).out()
+
+    return reported_search(t, retriever, retriever, embedding, value, first_list)
