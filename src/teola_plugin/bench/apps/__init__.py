@@ -8,10 +8,11 @@ from .base import (PASS_NAMES, PLAIN_APP, PLAIN_CONCURRENT, PLAIN_SEQUENTIAL, TE
 from .fan_out_apps import MultiHopLangGraph, WorkflowFanOut
 from .langchain_apps import AdvancedRAGLangChain, MultiHopQA, SearchAugmented
 from .llama_apps import AdvancedDocQA, NaiveDocQA, TreeSummarize
+from .multi_step_apps import ChatDocQA, SubQuestionDocQA
 
 APPS: dict[str, type[BenchApp]] = {cls.name: cls for cls in (
     NaiveDocQA, AdvancedDocQA, SearchAugmented, MultiHopQA, TreeSummarize, AdvancedRAGLangChain,
-    WorkflowFanOut, MultiHopLangGraph)}
+    WorkflowFanOut, MultiHopLangGraph, SubQuestionDocQA, ChatDocQA)}
 
 __all__ = ["APPS", "PASS_NAMES", "PLAIN_APP", "PLAIN_CONCURRENT", "PLAIN_SEQUENTIAL", "TEOLA_APP", "TEOLA_FULL",
            "TEOLA_NOPASSES", "Answer", "BenchApp", "Query", "System", "ablation", "all_systems", "reference_of"]
