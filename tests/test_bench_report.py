@@ -84,3 +84,16 @@ def test_the_load_target_shows_the_p99_ratio_at_every_rate_both_systems_ran():
         ("teola-full", 0.2, 20.0), ("plain-concurrent", 0.4, 50.0)]]
     assert report.p99_ratios(rows) == "0.100 q/s 2.00x, 0.200 q/s 1.50x"
     assert report.p99_ratios([]) == "no rate with both systems"
+
+
+def test_the_latency_picture_is_drawn_when_the_first_app_ran_nothing(tmp_path):
+    from teola_plugin.bench import plots
+
+    failed = {"title": "all errors", "systems": {"plain-sequential": {}},
+              "runs": [{"system": "plain-sequential", "query": "q1", "error": "TypeError: boom"}]}
+    ran = {"title": "ran", "systems": {"plain-sequential": {}, "teola-full": {}},
+           "runs": [{"system": s, "query": "q1", "latency_s": t} for s, t in (("plain-sequential", 2.0),
+                                                                             ("teola-full", 1.5))]}
+    path = plots.latency_cdf({"apps": {"a": failed, "b": ran}}, tmp_path / "cdf.png")
+    assert path.stat().st_size > 1000
+    assert plots.latency_cdf({"apps": {"a": failed}}, tmp_path / "none.png").exists()  # no legend at all

@@ -161,11 +161,12 @@ class EngineClient:
 def test_langchain_vllm_is_mapped_onto_the_engine_serving_its_model(runtime, engine_prompts):
     from langchain_community.llms import VLLM
 
-    from teola_plugin.langchain.runnable import llm_engine_models
+    from teola_plugin.capture.vllm_identity import served_models
 
-    served = llm_engine_models(runtime)["llm"]
+    served = served_models(runtime)["llm"]  # its model, loaded as the engine loads it (float32 on a CPU without bf16)
     # model_construct skips VLLM's validator, which would load the model in this process.
-    vllm = VLLM.model_construct(model=served, temperature=0.0, max_new_tokens=12, client=EngineClient(runtime))
+    vllm = VLLM.model_construct(model=served.model, dtype=served.dtype, temperature=0.0, max_new_tokens=12,
+                                client=EngineClient(runtime))
     prompt = PromptTemplate.from_template("Q: {question}\nA:")
     chain = prompt | vllm.bind(stop=["\n"]) | StrOutputParser()
     fast = TeolaRunnable(chain, runtime=runtime)

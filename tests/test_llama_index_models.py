@@ -169,8 +169,9 @@ def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executo
     # longer accepts (plain Vllm raises TypeError); keep its other parameters as given.
     monkeypatch.setattr(vllm, "SamplingParams", lambda best_of=None, **params: SimpleNamespace(**params))
 
-    served = runtime.run_sync(runtime.engines("llm").call("describe"))["model"]
-    llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24)
+    engine = runtime.run_sync(runtime.engines("llm").call("describe"))
+    served = engine["model"]  # loaded as the engine loads it (on a CPU without bf16: float32)
+    llm = Vllm.model_construct(model=served, dtype=engine["dtype"], temperature=0.0, max_new_tokens=24)
     llm._client = client = EngineClient(runtime)
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=2)
     assert executor.traced(query_engine).opaque == []
@@ -181,10 +182,11 @@ def test_llama_index_vllm_on_the_engine_model_is_lowered(runtime, index, executo
     assert sent_teola == client.sent and len(client.sent) == 1  # the same completion prompt
     assert_same_response(teola, plain)
 
-    other = Vllm.model_construct(model="/no/such/model", temperature=0.0, max_new_tokens=24)
+    other = Vllm.model_construct(model="/no/such/model", dtype=engine["dtype"], temperature=0.0, max_new_tokens=24)
     (note,) = executor.traced(index.as_query_engine(llm=other)).opaque
     assert note.component == "CompactAndRefine" and "is not the model of a Teola LLM engine" in note.reason
-    sampled = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=24, presence_penalty=0.5)
+    sampled = Vllm.model_construct(model=served, dtype=engine["dtype"], temperature=0.0, max_new_tokens=24,
+                                   presence_penalty=0.5)
     (note,) = executor.traced(index.as_query_engine(llm=sampled)).opaque
     assert "presence_penalty" in note.reason
 
@@ -211,8 +213,10 @@ def test_vllm_loaded_unlike_the_engine_stays_opaque_and_says_how():
     index = VectorStoreIndex([], embed_model=TeolaEmbedding(runtime=runtime))
     served = str(default_model_dir())
 
+    loaded = served_models(runtime)["llm"].dtype  # "auto", or float32 on a CPU without bf16 (engines/cpu_dtype.py)
+
     def query_engine(**loading):
-        llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=8, **loading)
+        llm = Vllm.model_construct(model=served, temperature=0.0, max_new_tokens=8, **{"dtype": loaded, **loading})
         return index.as_query_engine(llm=llm)
 
     same = query_engine(vllm_kwargs={"quantization": "fp8", "gpu_memory_utilization": 0.5})  # placement differs
@@ -220,16 +224,16 @@ def test_vllm_loaded_unlike_the_engine_stays_opaque_and_says_how():
     assert app.opaque == [] and [n.component for n in app.notes if n.kind == "expands"] == ["CompactAndRefine"]
 
     for loading, difference in [
-        ({"dtype": "float16", "vllm_kwargs": {"quantization": "fp8"}}, "dtype 'float16' (engine: 'auto')"),
+        ({"dtype": "float16", "vllm_kwargs": {"quantization": "fp8"}}, f"dtype 'float16' (engine: {loaded!r})"),
         ({"vllm_kwargs": {}}, "quantization None (engine: 'fp8')"),
         ({"vllm_kwargs": {"quantization": "fp8", "max_model_len": 2048}}, "max_model_len 2048 (engine: 4096)"),
     ]:
         (note,) = executor.traced(query_engine(**loading)).opaque
         assert note.component == "CompactAndRefine" and difference in note.reason, note.reason
-    assert "dtype 'float16' (engine: 'auto')" in executor.explain(query_engine(dtype="float16"))
+    assert f"dtype 'float16' (engine: {loaded!r})" in executor.explain(query_engine(dtype="float16"))
     assert runtime.loop is None  # recognising a Vllm never called an engine
 
     # The LangChain rule shares the judgement (capture/vllm_identity.py).
     chain = PromptTemplate.from_template("Q: {q}") | VLLM.model_construct(model=served, dtype="float16")
     (opaque,) = trace_runnable(chain, InputLayout.of({"q": "x"}), engine_models=served_models(runtime)).opaque
-    assert "dtype 'float16' (engine: 'auto')" in opaque.reason
+    assert f"dtype 'float16' (engine: {loaded!r})" in opaque.reason

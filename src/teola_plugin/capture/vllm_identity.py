@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engines.cpu_dtype import loaded_dtype
+
 # vllm_kwargs that only size or place the engine; the others may change what it generates.
 PLACEMENT_KWARGS = frozenset({"gpu_memory_utilization", "enforce_eager", "swap_space", "max_num_seqs",
                               "max_num_batched_tokens", "enable_prefix_caching", "seed"})
@@ -51,7 +53,8 @@ def served_models(runtime: Any) -> dict[str, ServedModel]:
         if spec.kind != "llm" or spec.in_process:  # in-process LLM engines call model servers
             continue
         args = {**_constructor_defaults(spec), **spec.kwargs}
-        out[name] = ServedModel(str(args.get("model") or default_model_dir()), str(args.get("dtype") or "auto"),
+        dtype = loaded_dtype(str(args.get("dtype") or "auto"))  # "auto" may be float32 on a CPU (cpu_dtype.py)
+        out[name] = ServedModel(str(args.get("model") or default_model_dir()), dtype,
                                 args.get("max_model_len"), dict(args.get("engine_kwargs") or {}))
     return out
 

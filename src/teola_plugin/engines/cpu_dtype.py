@@ -3,11 +3,15 @@
 vLLM's CPU backend runs a bfloat16 model (SmolLM2's checkpoint is one) in bfloat16 under
 ``dtype="auto"``. That is fast only where the CPU computes bf16 natively (x86 AVX512_BF16 or
 AMX_BF16, Arm's BF16 extension); elsewhere (an AVX2-only x86, e.g.) every bf16 matrix
-product is emulated. Measured on such a machine (2-core AMD EPYC, AVX2, SmolLM2-135M,
-``scripts/compare_vllm_dtypes.py``): a new 630-token chat prefill took 2.6-3.0 s in bfloat16
-and 0.6-0.7 s in float32; 64 tokens generated after a 500-800-token prompt 16.6-24.9 s against
-6.7-9.2 s. So where bf16 is emulated the engines and the model servers Teola starts load the
-model in float32 (twice the weights' memory: 0.5 GB for the bundled model).
+product is emulated. Measured on such a machine (2-core AMD EPYC, AVX2; SmolLM2-135M;
+``scripts/compare_vllm_dtypes.py`` -> docs/benchmarks/vllm_dtype.md): fresh chat prefills ran
+4.4x faster in float32 than in bfloat16, 64-token generations 1.9x faster. So where bf16 is
+emulated, the engines and the model servers Teola starts load the model in float32 (twice the
+weights' memory: 0.5 GB for the bundled model).
+
+An engine's ``dtype="auto"`` therefore means :func:`loaded_dtype`, which is also what a
+framework's own in-process vLLM model is compared with (``capture/vllm_identity.py``): plain
+vLLM's ``"auto"`` keeps the checkpoint's bf16, so on such a CPU it generates other numerics.
 """
 
 from __future__ import annotations
@@ -39,3 +43,17 @@ def best_cpu_dtype() -> str:
     if flags is None or platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"):
         return "auto"  # unknown: keep vLLM's choice
     return "auto" if flags & NATIVE_BF16_FLAGS else "float32"
+
+
+def loaded_dtype(dtype: str) -> str:
+    """The dtype a Teola vLLM engine given ``dtype`` loads its model in."""
+    return best_cpu_dtype() if dtype == "auto" and _vllm_on_cpu() else dtype
+
+
+@functools.cache
+def _vllm_on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM here: no engine of ours loads a model in this process's image
+        return False
+    return bool(current_platform.is_cpu())

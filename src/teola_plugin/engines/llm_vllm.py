@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import EngineInputError, ModelLoadError, ModelNotFoundError
 from .base import lone_surrogate
-from .cpu_dtype import best_cpu_dtype
+from .cpu_dtype import loaded_dtype
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 
 Prompt = str | Sequence[Mapping[str, str]]  # text, or chat messages [{"role", "content"}]
@@ -100,8 +100,7 @@ class VLLMEngine(LLMEngine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if on_cpu and self.dtype == "auto":  # bf16 is emulated on many CPUs: engines/cpu_dtype.py
-            self.dtype = best_cpu_dtype()
+        self.dtype = loaded_dtype(self.dtype)  # "auto" on a CPU: what it computes fastest in (cpu_dtype.py)
         args = AsyncEngineArgs(
             model=self.model,
             max_model_len=self.max_model_len,

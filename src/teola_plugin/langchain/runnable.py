@@ -585,11 +585,6 @@ def _last(items: Iterator[Any]) -> Any:
     return value
 
 
-def llm_engine_models(runtime: Runtime) -> dict[str, str]:
-    """The model path each LLM engine of ``runtime`` serves (``served_models``: also how it loads it)."""
-    return {name: served.model for name, served in served_models(runtime).items()}
-
-
 def _runtime_in(root: Any) -> Runtime | None:
     """The runtime of the first Teola model / embeddings found inside a chain."""
     seen: set[int] = set()
