@@ -311,3 +311,62 @@ def test_the_fan_out_apps_run_their_framework_composition_with_the_calls_on_teol
     state = wrapped.invoke(graph_app.chain_input(question))
     assert state["answer"].strip() and 1 <= len(state["findings"]) <= 3
     assert len(state["findings"]) == max(1, len(state["subs"]))
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # two benchmark apps end to end (`teola bench --apps li_sub_question li_chat`): `make test-all`
+def test_the_multi_step_apps_run_lowered_with_plains_sub_questions_sources_and_memory(runtime):
+    """The sub-question and chat apps (#18 benchmark rows), on the in-process engine: the
+    question generator's JSON is valid by construction (structured outputs through
+    ``TeolaLLM(sampling_kwargs=...)``), so plain and Teola ask the same two sub-questions of
+    their tools and answer from the same passages, with nothing opaque under Teola; the
+    two-turn chat ends with the same memory and turn two's sources. Each run starts with the
+    engine's prefix cache emptied, as the benchmark's do (a prompt read partly from the cache
+    can round differently on a CPU)."""
+    from llama_index.core import Settings
+
+    from teola_plugin.bench.apps.base import PLAIN_SEQUENTIAL, TEOLA_FULL
+    from teola_plugin.bench.apps.multi_step_apps import FOLLOW_UP, ChatDocQA, SubQuestionDocQA
+
+    def cold() -> None:
+        runtime.run_sync(runtime.engines("llm").call("reset_prefix_cache"), timeout=60)
+
+    saved = Settings._llm, Settings._embed_model
+    try:
+        app = SubQuestionDocQA(runtime, max_tokens=12)
+        app.n_docs = 12
+        (query,) = app.queries(1)
+        app.setup([query])
+        app.use(PLAIN_SEQUENTIAL)
+        engine = app.query_engine(query.data["docs"], use_async=False)
+        cold()
+        plain = engine.query(query.question)
+        app.use(TEOLA_FULL)
+        executor = app._executors[TEOLA_FULL.name]
+        assert executor.traced(engine).opaque == []
+        cold()
+        teola = executor.query(engine, query.question)
+        asked = [[n.node.get_content().split("\n")[0] for n in r.source_nodes if not n.node.ref_doc_id]
+                 for r in (plain, teola)]
+        assert asked[0] == asked[1] and len(asked[0]) == 2 and all(q.startswith("Sub question: ") for q in asked[0])
+        passages = [[n.node.ref_doc_id for n in r.source_nodes if n.node.ref_doc_id] for r in (plain, teola)]
+        assert passages[0] == passages[1] and len(passages[0]) == 4  # top 2 of each sub-question's tool
+
+        chat = ChatDocQA(runtime, max_tokens=12)
+        chat.n_docs = 12
+        (turns,) = chat.queries(1)
+        chat.setup([turns])
+        memories, sources = [], []
+        for system in (PLAIN_SEQUENTIAL, TEOLA_FULL):
+            chat.use(system)
+            engine = chat.chat_engine(turns.data["docs"], use_async=False)
+            cold()
+            engine.chat(turns.question)
+            sources.append([n.node.ref_doc_id for n in engine.chat(FOLLOW_UP).source_nodes])
+            memories.append([(m.role.value, m.content) for m in engine.chat_history])
+        assert memories[0] == memories[1] and len(memories[0]) == 4
+        assert sources[0] == sources[1] and len(sources[0]) == 3
+        assert chat._executors[TEOLA_FULL.name].last_query_id is not None  # turn two's retrieval ran on Teola
+    finally:
+        Settings.executor = None
+        Settings._llm, Settings._embed_model = saved

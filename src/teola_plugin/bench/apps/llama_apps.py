@@ -103,14 +103,18 @@ class LlamaIndexApp(BenchApp):
         # Building an index is synchronous in LlamaIndex: off the event loop, as users do.
         engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True, stream)
         response = await engine.aquery(self.question_text(query))
-        if not stream:
-            return _answer(response)
-        first, parts = None, []
-        async for token in response.async_response_gen():  # AsyncStreamingResponse
-            if first is None and token:
-                first = time.perf_counter() - start
-            parts.append(token)
-        return Answer("".join(parts).strip(), _sources(response), ttft_s=first)
+        return await streamed_answer(response, start, _sources(response)) if stream else _answer(response)
+
+
+async def streamed_answer(response: Any, start: float, sources: list[str]) -> Answer:
+    """A streamed response (``AsyncStreamingResponse``, a chat engine's streaming response)
+    read to its end, with the time from ``start`` to its first token."""
+    first, parts = None, []
+    async for token in response.async_response_gen():
+        if first is None and token:
+            first = time.perf_counter() - start
+        parts.append(token)
+    return Answer("".join(parts).strip(), sources, ttft_s=first)
 
 
 def _sources(response: Any) -> list[str]:

@@ -20,7 +20,7 @@ from llama_index.core.tools import QueryEngineTool, ToolMetadata
 
 from ...llama_index import TeolaLLM
 from .base import Answer, Query, System
-from .llama_apps import LlamaIndexApp
+from .llama_apps import LlamaIndexApp, streamed_answer
 
 HALVES = ("first_half", "second_half")  # the two tools: each searches half of the uploaded passages
 QUESTION_TOKENS = 160  # the sub-question JSON: two items of at most SUB_QUESTION_CHARS each
@@ -90,14 +90,9 @@ class SubQuestionDocQA(LlamaIndexApp):
         start = time.perf_counter()
         engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True, stream)
         response = await engine.aquery(query.question)
-        if not stream:
-            return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
-        first, parts = None, []
-        async for token in response.async_response_gen():
-            if first is None and token:
-                first = time.perf_counter() - start
-            parts.append(token)
-        return Answer("".join(parts).strip(), _ref_doc_sources(response), ttft_s=first)
+        if stream:
+            return await streamed_answer(response, start, _ref_doc_sources(response))
+        return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
 
 
 class ChatDocQA(LlamaIndexApp):
@@ -128,9 +123,4 @@ class ChatDocQA(LlamaIndexApp):
             response = await engine.achat(FOLLOW_UP)
             return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
         response = await engine.astream_chat(FOLLOW_UP)
-        first, parts = None, []
-        async for token in response.async_response_gen():
-            if first is None and token:
-                first = time.perf_counter() - start
-            parts.append(token)
-        return Answer("".join(parts).strip(), _ref_doc_sources(response), ttft_s=first)
+        return await streamed_answer(response, start, _ref_doc_sources(response))
