@@ -92,10 +92,17 @@ class LlamaIndexApp(BenchApp):
     def question_text(self, query: Query) -> str:
         return query.question
 
+    def sources(self, response: Any) -> list[str]:
+        """The ids an answer reports as its sources."""
+        return _sources(response)
+
+    def answer(self, response: Any) -> Answer:
+        return Answer(str(response.response or "").strip(), self.sources(response))
+
     def run(self, query: Query, system: System, callbacks: list[Any] | None = None) -> Answer:
         self.use(system)
         engine = self.query_engine(query.data["docs"], use_async=system.concurrent)
-        return _answer(engine.query(self.question_text(query)))
+        return self.answer(engine.query(self.question_text(query)))
 
     async def arun(self, query: Query, system: System, stream: bool = False) -> Answer:
         self.use(system)
@@ -103,7 +110,7 @@ class LlamaIndexApp(BenchApp):
         # Building an index is synchronous in LlamaIndex: off the event loop, as users do.
         engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True, stream)
         response = await engine.aquery(self.question_text(query))
-        return await streamed_answer(response, start, _sources(response)) if stream else _answer(response)
+        return await streamed_answer(response, start, self.sources(response)) if stream else self.answer(response)
 
 
 async def streamed_answer(response: Any, start: float, sources: list[str]) -> Answer:
@@ -119,10 +126,6 @@ async def streamed_answer(response: Any, start: float, sources: list[str]) -> An
 
 def _sources(response: Any) -> list[str]:
     return [n.node.ref_doc_id or n.node.node_id for n in response.source_nodes]
-
-
-def _answer(response: Any) -> Answer:
-    return Answer(str(response.response or "").strip(), _sources(response))
 
 
 class NaiveDocQA(LlamaIndexApp):

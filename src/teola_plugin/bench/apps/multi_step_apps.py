@@ -80,19 +80,8 @@ class SubQuestionDocQA(LlamaIndexApp):
             query_engine_tools=tools, llm=self.llm, use_async=use_async, verbose=False, response_synthesizer=synthesizer,
             question_gen=LLMQuestionGenerator.from_defaults(llm=self.question_llm()))
 
-    def run(self, query: Query, system: System, callbacks: list[Any] | None = None) -> Answer:
-        self.use(system)
-        response = self.query_engine(query.data["docs"], use_async=system.concurrent).query(query.question)
-        return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
-
-    async def arun(self, query: Query, system: System, stream: bool = False) -> Answer:
-        self.use(system)
-        start = time.perf_counter()
-        engine = await asyncio.to_thread(self.query_engine, query.data["docs"], True, stream)
-        response = await engine.aquery(query.question)
-        if stream:
-            return await streamed_answer(response, start, _ref_doc_sources(response))
-        return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
+    def sources(self, response: Any) -> list[str]:
+        return _ref_doc_sources(response)
 
 
 class ChatDocQA(LlamaIndexApp):
@@ -111,8 +100,7 @@ class ChatDocQA(LlamaIndexApp):
         self.use(system)
         engine = self.chat_engine(query.data["docs"], use_async=system.concurrent)
         engine.chat(query.question)
-        response = engine.chat(FOLLOW_UP)
-        return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
+        return self.answer(engine.chat(FOLLOW_UP))
 
     async def arun(self, query: Query, system: System, stream: bool = False) -> Answer:
         self.use(system)
@@ -120,7 +108,6 @@ class ChatDocQA(LlamaIndexApp):
         engine = await asyncio.to_thread(self.chat_engine, query.data["docs"], True)
         await engine.achat(query.question)
         if not stream:
-            response = await engine.achat(FOLLOW_UP)
-            return Answer(str(response.response or "").strip(), _ref_doc_sources(response))
+            return self.answer(await engine.achat(FOLLOW_UP))
         response = await engine.astream_chat(FOLLOW_UP)
-        return await streamed_answer(response, start, _ref_doc_sources(response))
+        return await streamed_answer(response, start, self.sources(response))
