@@ -12,7 +12,7 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..runtime.policies import Priority
+from ..runtime.app_runs import call_priority
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import started_pool
 
@@ -32,7 +32,7 @@ class TeolaEmbeddings(BaseModel, Embeddings):
 
     async def _embed(self, texts: list[str]) -> list[list[float]]:
         pool = await started_pool(self.teola_runtime(), self.engine)
-        vectors, _ = await pool.submit("embed", {"texts": texts}, Priority())
+        vectors, _ = await pool.submit("embed", {"texts": texts}, call_priority())
         return [[float(x) for x in v] for v in vectors]
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -22,7 +22,7 @@ from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatRes
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..capture.lowerable import LLMCallSpec
-from ..runtime.policies import Priority
+from ..runtime.app_runs import call_priority
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import engine_stream, iterate_async, iterate_sync, started_pool
 
@@ -83,7 +83,7 @@ class _EngineModel(BaseModel):
 
     async def _complete(self, prompt: Any, params: dict[str, Any]) -> Any:
         pool = await started_pool(self.teola_runtime(), self.engine)
-        generation, _ = await pool.submit("generate", {"prompt": prompt, "params": params}, Priority())
+        generation, _ = await pool.submit("generate", {"prompt": prompt, "params": params}, call_priority())
         return generation
 
     def _texts(self, prompt: Any, params: dict[str, Any]) -> Any:

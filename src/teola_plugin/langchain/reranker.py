@@ -24,7 +24,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field
 
 from ..capture.langchain.documents import documents_to_hits, hits_to_documents
-from ..runtime.policies import Priority
+from ..runtime.app_runs import call_priority
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import started_pool
 
@@ -49,7 +49,7 @@ class TeolaReranker(BaseDocumentCompressor):
             return []
         pool = await started_pool(self.teola_runtime(), self.engine)
         hits, _ = await pool.submit("rerank", {"query": query, "hits": documents_to_hits(documents),
-                                               "top_n": self.top_n}, Priority())
+                                               "top_n": self.top_n}, call_priority())
         return hits_to_documents(documents, hits)
 
     def compress_documents(self, documents: Sequence[Document], query: str,

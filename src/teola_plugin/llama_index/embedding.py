@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 
-from ..runtime.policies import Priority
+from ..runtime.app_runs import call_priority
 from ..runtime.runtime import Runtime, default_runtime
 
 
@@ -52,7 +52,7 @@ class TeolaEmbedding(BaseEmbedding):
     async def _embed(self, texts: list[str]) -> list[Embedding]:
         await self.runtime.start_engines(self.engine)
         # queued like every other request: the engine scheduler's priority and batching apply
-        vectors, _ = await self.runtime.engines(self.engine).submit("embed", {"texts": texts}, Priority())
+        vectors, _ = await self.runtime.engines(self.engine).submit("embed", {"texts": texts}, call_priority())
         return [row.tolist() for row in vectors]
 
     def _get_query_embedding(self, query: str) -> Embedding:

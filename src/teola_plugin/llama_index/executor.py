@@ -37,12 +37,15 @@ from llama_index.core.schema import QueryBundle
 from ..capture.common import Trace
 from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
 from ..capture.llama_index_models import embedder_engine_for, llm_call_spec
+from ..capture.llama_index_served import is_served_llm
+from ..capture.lowerable import LowerableLLM
 from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
 from ..optimizer.cost import CostModel, check_cost_model
 from ..optimizer.manager import PassManager
+from ..runtime import app_runs
 from ..runtime.caller import calling_from
 from ..runtime.engine_needs import EngineNeeds
 from ..runtime.framework_threads import in_framework_thread
@@ -138,8 +141,6 @@ class TeolaExecutor:
 
     def _engines_of_settings(self) -> tuple[str, ...]:
         from llama_index.core import Settings
-
-        from ..capture.lowerable import LowerableLLM
 
         # Settings._llm / _embed_model, not the properties: those would resolve (and import)
         # OpenAI's defaults
@@ -374,22 +375,22 @@ class TeolaExecutor:
     # Running the engine's own code keeps its memory exactly plain's after every turn.
     def chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
         _require(chat_engine, BaseChatEngine, "chat")
-        with _running(self):
+        with _running(self), app_runs.app_run("chat"):
             return chat_engine.chat(message, chat_history)
 
     async def achat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
         _require(chat_engine, BaseChatEngine, "achat")
-        with _running(self):
+        with _running(self), app_runs.app_run("chat"):
             return await chat_engine.achat(message, chat_history)
 
     def stream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
         _require(chat_engine, BaseChatEngine, "stream_chat")
-        with _running(self):
+        with _running(self), app_runs.app_run("chat"):
             return chat_engine.stream_chat(message, chat_history)
 
     async def astream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
         _require(chat_engine, BaseChatEngine, "astream_chat")
-        with _running(self):
+        with _running(self), app_runs.app_run("chat"):
             return await chat_engine.astream_chat(message, chat_history)
 
     def _explain_chat_engine(self, engine: Any) -> str:
@@ -404,16 +405,22 @@ class TeolaExecutor:
             lines.append(f"  - {what} ({type(part).__name__}): " +
                          ("lowered" if not opaque else "; ".join(str(n) for n in opaque)))
         llm = getattr(engine, "_llm", None)
-        if llm is not None and hasattr(engine, "_get_response_synthesizer"):  # answers through a synthesizer
+        lowered, sent = False, ""  # can Teola lower its LLM's calls; where its own calls go
+        if llm is not None:
             try:
                 llm_call_spec(self.runtime, llm, EngineNeeds())  # asked, not run
-                lines.append(f"  - the answer's LLM calls ({type(llm).__name__}): lowered (the synthesizer's calls)")
+                lowered = True
+                sent = ("; sent by Teola's engine for the model, scheduled as part of the turn"
+                        if isinstance(llm, LowerableLLM) or is_served_llm(llm) else "; run by the model's own code")
             except NotLowerable as exc:
-                lines.append(f"  - the answer's LLM calls: LlamaIndex's own ({exc})")
+                sent = f"; run by the model's own code ({exc})"
+        if llm is not None and hasattr(engine, "_get_response_synthesizer"):  # answers through a synthesizer
+            lines.append(f"  - the answer's LLM calls ({type(llm).__name__}): " +
+                         ("lowered (the synthesizer's calls)" if lowered else f"LlamaIndex's own{sent}"))
         elif not parts:
-            lines.append("  - the chat call (LLM.chat on the history): LlamaIndex's own call")
+            lines.append(f"  - the chat call (LLM.chat on the history): LlamaIndex's own call{sent}")
         if hasattr(engine, "_condense_question"):
-            lines.append("  - the condense call (an LLM call on the history): LlamaIndex's own call")
+            lines.append(f"  - the condense call (an LLM call on the history): LlamaIndex's own call{sent}")
         lines.append(EXPLAIN_ROUTED)
         for what, part in parts:
             lines += ["", self.explain(part)]

@@ -20,7 +20,8 @@ Subclasses that override these methods keep their own code.
 Calls to a model server made by code that runs as it is (a workflow's or agent's steps, a
 chat engine, a component Teola does not lower) go through the executor's served engines:
 ``served_calls`` routes the ``openai`` SDK's requests while an executor runs the call or is
-``Settings.executor``.
+``Settings.executor``. A call made from a workflow step is scheduled at its step's position
+in the run (``workflow_runs``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from llama_index.core.settings import Settings
 
 from .. import served_calls
 from ..capture.llama_index import in_passthrough
-from . import ingest_hooks
+from ..runtime import app_runs
+from . import ingest_hooks, workflow_runs
 from .executor import TeolaExecutor, running_executor
 from .pending_ingestion import flush_all, pending_states
 
@@ -59,7 +61,7 @@ def _served_call_scope() -> served_calls.ServedCallScope | None:
     executor = running_executor() or getattr(Settings, "executor", None)
     if not isinstance(executor, TeolaExecutor) or executor.runtime.closed:
         return None
-    return served_calls.ServedCallScope(executor.runtime)
+    return served_calls.ServedCallScope(executor.runtime, app_runs.call_priority())
 
 
 def _bound(original: Any, obj: Any) -> Any:
@@ -177,6 +179,7 @@ def install() -> None:
     ingest_hooks.install()
     served_calls.install()
     served_calls.set_fallback(_served_call_scope)
+    app_runs.add_provider(workflow_runs.position)
 
 
 def uninstall() -> None:

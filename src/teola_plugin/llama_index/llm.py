@@ -30,7 +30,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 
 from ..capture.lowerable import LLMCallSpec
 from ..runtime.hosting import ReplicaPool
-from ..runtime.policies import Priority
+from ..runtime.app_runs import call_priority
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import engine_stream, iterate_async, iterate_sync, started_pool
 
@@ -126,12 +126,12 @@ class TeolaLLM(CustomLLM):
     # -- engine calls: every path funnels through these two ---------------------------------
     async def _engine_generate(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> str:
         generation, _ = await (await self._pool()).submit("generate", {"prompt": prompt, "params": dict(params)},
-                                                          Priority())
+                                                          call_priority())
         return generation.text
 
     async def _engine_stream(self, prompt: EnginePrompt, params: Mapping[str, Any]) -> AsyncIterator[str]:
         async for delta in engine_stream(self.runtime, self.engine, "stream",
-                                         {"prompt": prompt, "params": dict(params)}):
+                                         {"prompt": prompt, "params": dict(params)}, call_priority()):
             yield delta.text
 
     def _completion_prompt(self, prompt: str, formatted: bool) -> str:

@@ -121,6 +121,7 @@ class GraphRun:
         on_output: Callable[[str, Any], None] | None = None,
         stream_llm_calls: bool = False,
         arrival: float | None = None,
+        after_s: float = 0.0,
         start_engines: Callable[..., Awaitable[Any]] | None = None,
         observer: RunObserver | None = None,
     ) -> None:
@@ -141,7 +142,10 @@ class GraphRun:
         self.on_output = on_output  # called with (output name, value) as each graph output is ready
         self.stream_llm_calls = stream_llm_calls  # send LLM calls as streaming requests (someone hears tokens)
         self.arrival = arrival if arrival is not None else time.time()
-        self.remaining = remaining_path(graph, cost)
+        # the query's work after this graph (an app run's steps left: runtime/app_runs.py) counts
+        # on every node's path
+        self.after_s = after_s
+        self.remaining = {name: s + after_s for name, s in remaining_path(graph, cost).items()}
         self.observer = observer  # watches node by node (a framework's own run reports)
         self._values: dict[Ref, asyncio.Future[Any]] = {}
         self._done: dict[str, asyncio.Future[None]] = {}
@@ -307,7 +311,8 @@ class GraphRun:
         child = GraphRun(
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
             start_engines=self.start_engines,
-            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, on_token=self.on_token,
+            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, after_s=self.after_s,
+            on_token=self.on_token,
             stream_llm_calls=self.stream_llm_calls, observer=expansion.observer,
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None
                          else frozenset(r.node for r in expansion.graph.outputs.values())) if streamed else frozenset(),

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError, EngineStartTimeoutError, QueryTimeoutError
 from ..ir.graph import PGraph
 from ..ir.node import Primitive
+from . import app_runs
 from .engine_needs import EngineNeeds
 from .engine_starts import SharedStarts, not_started_message, start_problem
 from .engine_tuning import tuned
@@ -576,7 +577,10 @@ class Runtime:
             self._start_behind(name)
         missing = sorted(needed - set(self._pools) - set(self._stand_ins))
         left = await self._start_within(missing, timeout_s, query_id) if missing else timeout_s
+        position = app_runs.current()  # the app run the caller is in (its context reaches this loop)
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
+                       arrival=None if position is None else position.arrival_s,
+                       after_s=app_runs.after_s(position),
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes, on_output=on_output,
                        stream_llm_calls=stream_llm_calls, start_engines=self.ready, observer=observer)
