@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import time
 from typing import Annotated, TypedDict
 
 import httpx
@@ -415,17 +416,12 @@ def drafting_workflow(llm):
 
 
 def test_a_workflows_llm_calls_go_through_the_executors_served_engine(recording_proxy, served_runtime):
-    async def run(workflow) -> tuple:
-        handler = workflow.run(topic="rain")
-        events = [(type(e).__name__, getattr(e, "draft", None)) async for e in handler.stream_events()]
-        return await handler, events
-
     llm = openai_like(recording_proxy.base_url)
-    plain = asyncio.run(run(drafting_workflow(llm)))
+    plain = asyncio.run(workflow_run(drafting_workflow(llm)))
     plain_bodies = bodies(recording_proxy.take())
     Settings.executor = TeolaExecutor(runtime=served_runtime)
     before = relayed(served_runtime)
-    assert asyncio.run(run(drafting_workflow(llm))) == plain
+    assert asyncio.run(workflow_run(drafting_workflow(llm))) == plain
     assert relayed(served_runtime) - before == 3
     assert bodies(recording_proxy.take()) == plain_bodies
     # a direct sync stream of the app's LLM, under the executor: relayed too, the same deltas
@@ -461,6 +457,154 @@ def test_a_function_agent_answers_as_plain_with_its_requests_relayed(recording_p
     assert relayed(served_runtime) - before == len(plain_bodies) >= 1
     sent = bodies(recording_proxy.take())
     assert sent == plain_bodies and '"tools"' in sent[0] and '"stream": true' in sent[0]
+
+
+def test_a_steps_calls_are_scheduled_at_the_steps_place_in_its_run(recording_proxy, served_runtime):
+    """Calls of one run share its arrival; an earlier step has more of the run left after it."""
+    from llama_index.core.workflow import Event, StartEvent, StopEvent, Workflow, step
+
+    from teola_plugin.served_calls import current_scope
+
+    llm = openai_like(recording_proxy.base_url, max_tokens=4)
+    seen = {}
+
+    class Asked(Event):
+        text: str
+
+    class TwoCalls(Workflow):
+        @step
+        async def ask(self, ev: StartEvent) -> Asked:
+            seen["ask"] = current_scope().priority
+            return Asked(text=(await llm.acomplete("Hi")).text)
+
+        @step
+        async def reply(self, ev: Asked) -> StopEvent:
+            seen["reply"] = current_scope().priority
+            return StopEvent(result=(await llm.acomplete(f"Reply to: {ev.text}")).text)
+
+    async def run() -> str:
+        return await TwoCalls(timeout=60).run()
+
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    before = relayed(served_runtime)
+    asyncio.run(run())
+    assert relayed(served_runtime) - before == 2
+    ask, reply = seen["ask"], seen["reply"]
+    assert ask.query_id == reply.query_id and ask.query_arrival_s == reply.query_arrival_s > 0
+    assert ask.remaining_s > reply.remaining_s > 0
+
+
+def forced_tool_agent(base_url: str):
+    """A FunctionAgent whose model must call its tool every turn (``tool_choice="required"``:
+    vLLM constrains the call, so it is valid by construction): it never answers by itself."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+
+    def population(city: str) -> str:
+        """How many people live in a city."""
+        return f"{city}: 2.1 million"
+
+    llm = openai_like(base_url, max_tokens=80, is_function_calling_model=True,
+                      additional_kwargs={"tool_choice": "required"})  # room for the constrained JSON
+    return FunctionAgent(tools=[FunctionTool.from_defaults(population)], llm=llm, system_prompt="Answer briefly.")
+
+
+def test_an_agent_past_its_max_iterations_raises_plains_error_and_the_next_run_works(recording_proxy, served_runtime):
+    from workflows.errors import WorkflowRuntimeError
+
+    async def ask() -> str:
+        return str(await forced_tool_agent(recording_proxy.base_url).run(
+            user_msg="How many people live in Paris?", max_iterations=2))
+
+    with pytest.raises(WorkflowRuntimeError, match="Max iterations of 2 reached"):
+        asyncio.run(ask())
+    plain_bodies = [body for _, body in recording_proxy.take()]
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    before = relayed(served_runtime)
+    with pytest.raises(WorkflowRuntimeError, match="Max iterations of 2 reached"):
+        asyncio.run(ask())
+    sent = [body for _, body in recording_proxy.take()]
+    assert relayed(served_runtime) - before == len(sent) == len(plain_bodies) == 2  # two turns, each a tool call
+    assert sent[0] == plain_bodies[0] and sent[0]["tool_choice"] == "required"  # later ones carry the server's ids
+    # the next run on the same engines answers
+    assert asyncio.run(workflow_run(drafting_workflow(openai_like(recording_proxy.base_url))))[0][0]
+
+
+async def workflow_run(workflow, **start) -> tuple:
+    handler = workflow.run(**{"topic": "rain", **start})
+    events = [(type(e).__name__, getattr(e, "draft", None)) async for e in handler.stream_events()]
+    return await handler, events
+
+
+def test_a_step_that_raises_after_its_calls_raises_plains_error(recording_proxy, served_runtime):
+    from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
+
+    llm = openai_like(recording_proxy.base_url, max_tokens=4)
+
+    class Faulty(Workflow):
+        @step
+        async def ask(self, ev: StartEvent) -> StopEvent:
+            await llm.acomplete("Hi")
+            raise KeyError("the step's own bug")
+
+    async def run() -> None:
+        await Faulty(timeout=60).run()
+
+    with pytest.raises(Exception) as plain:
+        asyncio.run(run())
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    before = relayed(served_runtime)
+    with pytest.raises(type(plain.value), match="the step's own bug"):
+        asyncio.run(run())
+    assert relayed(served_runtime) - before == 1
+
+
+def server_requests_running(model_server) -> float:
+    """What the vLLM server itself is generating now (its /metrics)."""
+    metrics = httpx.get(f"http://127.0.0.1:{model_server.port}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_cancelled_workflow_run_stops_its_request_on_the_server_and_the_next_run_works(model_server,
+                                                                                       served_runtime):
+    from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
+    from workflows.errors import WorkflowCancelledByUser
+
+    base_url = f"http://127.0.0.1:{model_server.port}/v1"
+    # a reply that outlasts the test on any machine unless it is aborted
+    llm = openai_like(base_url, max_tokens=1500, additional_kwargs={"extra_body": {"min_tokens": 1500}})
+
+    class Long(Workflow):
+        @step
+        async def write(self, ev: StartEvent) -> StopEvent:
+            return StopEvent(result=(await llm.acomplete("Count: 1, 2, 3,")).text)
+
+    async def cancel_mid_generation() -> None:
+        handler = Long(timeout=600).run()
+        generating = 0.0
+        for _ in range(300):  # until the server generates for it (bounded: 60 s)
+            await asyncio.sleep(0.2)
+            generating = await asyncio.to_thread(server_requests_running, model_server)
+            if generating or handler.done():
+                break
+        assert generating == 1 and not handler.done(), "the generation should be running when cancelled"
+        await handler.cancel_run()
+        with pytest.raises(WorkflowCancelledByUser):
+            await handler
+
+    assert server_requests_running(model_server) == 0
+    Settings.executor = TeolaExecutor(runtime=served_runtime)
+    asyncio.run(cancel_mid_generation())
+    for _ in range(50):  # the served engine closed the stream: the server aborts it
+        if server_requests_running(model_server) == 0:
+            break
+        time.sleep(0.2)
+    assert server_requests_running(model_server) == 0
+    served = [name for name in served_runtime.specs if name.startswith("served:") and name in served_runtime._pools]
+    stats = [s for name in served for s in served_runtime.run_sync(served_runtime.engines(name).stats())]
+    assert all(s["running"] == s["queued"] == s["open_streams"] == 0 for s in stats), stats  # no slot kept for the cancelled run
+    assert asyncio.run(workflow_run(drafting_workflow(openai_like(base_url))))[0][0]
 
 
 def embedder_batches(runtime: Runtime) -> int:
