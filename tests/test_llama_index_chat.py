@@ -91,7 +91,8 @@ def test_chat_engine_explain_and_bad_input(squad_index, executor, model_server):
     explained = executor.explain(engine)
     assert "retrieval (VectorIndexRetriever): lowered" in explained
     assert "the answer's LLM calls (OpenAILike): lowered" in explained
-    assert "condense call" in explained
+    assert ("the condense call (an LLM call on the history): LlamaIndex's own call; sent by Teola's engine "
+            "for the model" in explained)
     with pytest.raises(TypeError, match="executor.chat"):
         executor.query(engine, TURNS[0])
     with pytest.raises(TypeError, match="chat takes a BaseChatEngine"):
