@@ -50,6 +50,26 @@ def relayed(runtime: Runtime) -> int:
     return sum(runtime.run_sync(runtime.engines(name).call("describe"))["relayed"] for name in served)
 
 
+def assert_server_and_engines_idle(model_server, runtime: Runtime) -> None:
+    """After a cancel: the server aborted the request, no served engine keeps a slot, a queue
+    entry or a stream for it."""
+    for _ in range(50):  # the served engine closed the stream: the server aborts it
+        if server_requests_running(model_server) == 0:
+            break
+        time.sleep(0.2)
+    assert server_requests_running(model_server) == 0
+    served = [name for name in runtime.specs if name.startswith("served:") and name in runtime._pools]
+    stats = [s for name in served for s in runtime.run_sync(runtime.engines(name).stats())]
+    assert stats and all(s["running"] == s["queued"] == s["open_streams"] == 0 for s in stats), stats
+
+
+def server_requests_running(model_server) -> float:
+    """What the vLLM server itself is generating now (its /metrics)."""
+    metrics = httpx.get(f"http://127.0.0.1:{model_server.port}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
 def bodies(requests: list[tuple[str, dict]]) -> list[str]:
     return sorted(json.dumps([path, body], sort_keys=True) for path, body in requests)
 
@@ -259,6 +279,95 @@ def test_a_v1_agent_runs_as_plain_with_every_model_request_sent_by_teola(recordi
     assert relayed(served_runtime) - before == len(sent) == len(sent_plain) >= 1
     assert json.dumps(sent[0], sort_keys=True) == json.dumps(sent_plain[0], sort_keys=True)  # tools, system prompt
     assert shape(asyncio.run(fast.ainvoke(question))) == shape(plain)
+
+
+def test_a_v1_agent_past_its_recursion_limit_or_with_a_failing_tool_behaves_as_plain(recording_proxy,
+                                                                                     served_runtime):
+    """A model that must call a tool every turn (``tool_choice="required"``: valid by
+    construction) loops until LangGraph's ``recursion_limit`` stops it; a tool that raises
+    ends as plain's agent ends (its ``ToolNode``'s error handling). The next run answers."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langgraph.errors import GraphRecursionError
+
+    @tool
+    def population(city: str) -> str:
+        """How many people live in a city."""
+        return f"{city}: 2.1 million"
+
+    @tool
+    def census(city: str) -> str:
+        """The census of a city."""
+        raise RuntimeError(f"the census office of {city} is closed")
+
+    def forced(tools):  # room for the constrained JSON
+        return create_agent(chat_openai(recording_proxy.base_url, max_tokens=80,
+                                        model_kwargs={"tool_choice": "required"}), tools)
+
+    question = {"messages": [("user", "How many people live in Paris?")]}
+    limit = {"recursion_limit": 4}
+    with pytest.raises(GraphRecursionError):
+        forced([population]).invoke(question, limit)
+    sent_plain = recording_proxy.take()
+    before = relayed(served_runtime)
+    with pytest.raises(GraphRecursionError):
+        TeolaRunnable(forced([population]), runtime=served_runtime).invoke(question, limit)
+    sent = recording_proxy.take()
+    assert relayed(served_runtime) - before == len(sent) == len(sent_plain) >= 2
+    assert sent[0] == sent_plain[0] and sent[0][1]["tool_choice"] == "required"
+
+    def outcome(run) -> tuple:
+        try:
+            state = run({"messages": [("user", "What does the census say about Paris?")]}, {"recursion_limit": 3})
+        except Exception as exc:  # noqa: BLE001 - compared with plain's, whatever it is
+            return type(exc).__name__, str(exc)
+        return "state", [(m.type, m.content) for m in state["messages"] if m.type == "tool"]
+
+    plain = outcome(forced([census]).invoke)
+    assert outcome(TeolaRunnable(forced([census]), runtime=served_runtime).invoke) == plain
+    assert "closed" in str(plain)  # the tool's own error reached the end, in plain as under Teola
+    recording_proxy.take()
+    model = chat_openai(recording_proxy.base_url)
+    assert TeolaRunnable(model, runtime=served_runtime).invoke("Hi").content == model.invoke("Hi").content
+
+
+def test_a_cancelled_graph_run_stops_its_request_on_the_server_and_the_next_run_works(model_server,
+                                                                                    served_runtime):
+    """The node is sync, so under ``ainvoke`` LangGraph runs it in a thread that cancelling the
+    run does not stop: plain's request generates on to its end (minutes here). The served-call
+    scope cancels what the run's threads wait for when the run ends early."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    base_url = f"http://127.0.0.1:{model_server.port}/v1"
+    # a reply that outlasts the test on any machine unless it is aborted
+    long = chat_openai(base_url, max_tokens=1500, extra_body={"min_tokens": 1500})
+    builder = StateGraph(MessagesState)
+    builder.add_node("write", lambda s: {"messages": [long.invoke(s["messages"])]})
+    builder.add_edge(START, "write")
+    builder.add_edge("write", END)
+    fast = TeolaRunnable(builder.compile(), runtime=served_runtime)
+
+    async def cancel_mid_generation() -> float:
+        task = asyncio.ensure_future(fast.ainvoke({"messages": [("user", "Count: 1, 2, 3,")]}))
+        generating = 0.0
+        for _ in range(300):  # until the server generates for it (bounded: 60 s)
+            await asyncio.sleep(0.2)
+            generating = await asyncio.to_thread(server_requests_running, model_server)
+            if generating or task.done():
+                break
+        assert generating == 1 and not task.done(), "the generation should be running when cancelled"
+        cancelled = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return cancelled
+
+    assert server_requests_running(model_server) == 0
+    cancelled = asyncio.run(cancel_mid_generation())
+    assert_server_and_engines_idle(model_server, served_runtime)
+    assert time.monotonic() - cancelled < 10  # aborted, not generated to its end
+    model = chat_openai(base_url)
+    assert TeolaRunnable(model, runtime=served_runtime).invoke("Hi").content == model.invoke("Hi").content
 
 
 def test_langchains_stateful_and_retrying_wrappers_run_as_plain_with_their_chains_on_teola(
@@ -559,13 +668,6 @@ def test_a_step_that_raises_after_its_calls_raises_plains_error(recording_proxy,
     assert relayed(served_runtime) - before == 1
 
 
-def server_requests_running(model_server) -> float:
-    """What the vLLM server itself is generating now (its /metrics)."""
-    metrics = httpx.get(f"http://127.0.0.1:{model_server.port}/metrics", timeout=5).text
-    return sum(float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith("vllm:num_requests_running"))
-
-
 def test_a_cancelled_workflow_run_stops_its_request_on_the_server_and_the_next_run_works(model_server,
                                                                                        served_runtime):
     from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
@@ -596,14 +698,7 @@ def test_a_cancelled_workflow_run_stops_its_request_on_the_server_and_the_next_r
     assert server_requests_running(model_server) == 0
     Settings.executor = TeolaExecutor(runtime=served_runtime)
     asyncio.run(cancel_mid_generation())
-    for _ in range(50):  # the served engine closed the stream: the server aborts it
-        if server_requests_running(model_server) == 0:
-            break
-        time.sleep(0.2)
-    assert server_requests_running(model_server) == 0
-    served = [name for name in served_runtime.specs if name.startswith("served:") and name in served_runtime._pools]
-    stats = [s for name in served for s in served_runtime.run_sync(served_runtime.engines(name).stats())]
-    assert all(s["running"] == s["queued"] == s["open_streams"] == 0 for s in stats), stats  # no slot kept for the cancelled run
+    assert_server_and_engines_idle(model_server, served_runtime)
     assert asyncio.run(workflow_run(drafting_workflow(openai_like(base_url))))[0][0]
 
 

@@ -80,7 +80,7 @@ def _on_engine(scope: ServedCallScope, engine: str, texts: list[str]) -> list[li
         vectors, _ = await pool.submit("embed", {"texts": texts}, scope.priority)
         return vectors
 
-    return np.asarray(scope.runtime.run_sync(run()), dtype=np.float32).tolist()
+    return np.asarray(scope.run_sync(run()), dtype=np.float32).tolist()
 
 
 def _methods() -> list[tuple[type, Callable[..., str | None], Callable[[Sequence[str]], list[str]]]]:

@@ -239,7 +239,7 @@ def _wrap_sync(original: Callable[..., Any], request_type: type[SentRequest]) ->
         sent = request_type(request)
         if request.get("stream"):
             return RelayedStream.open(scope, engine, sent.create)
-        return sent.reply(scope.runtime.run_sync(_reply(scope, engine, sent.create)))
+        return sent.reply(scope.run_sync(_reply(scope, engine, sent.create)))
 
     setattr(call, _ORIGINAL, original)
     return call

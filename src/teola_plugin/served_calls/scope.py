@@ -16,9 +16,10 @@ tasks and framework threads), and an integration may register a fallback
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +38,25 @@ class ServedCallScope:
     """What lowers the framework calls made in this scope a level above the request: LangChain's
     ``called_chains.Lowering`` (the LCEL chains a LangGraph node calls run as their own graphs);
     None: those calls run as they are, their requests routed."""
+    waiting: set[concurrent.futures.Future[Any]] = field(default_factory=set, compare=False)
+    """Requests that synchronous code in this scope waits for (a sync LangGraph node runs in a
+    thread, which cancelling the run does not stop): cancelled when the scope's run ends early."""
+
+    def run_sync(self, coro: Awaitable[T]) -> T:
+        """``runtime.run_sync(coro)``, cancelled with the scope's run (:meth:`cancel_waiting`)."""
+        future = self.runtime.submit(coro)
+        self.waiting.add(future)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C, or the run's cancel: stop the request too
+            future.cancel()
+            raise
+        finally:
+            self.waiting.discard(future)
+
+    def cancel_waiting(self) -> None:
+        for future in list(self.waiting):
+            future.cancel()
 
 
 _SCOPE: contextvars.ContextVar[ServedCallScope | None] = contextvars.ContextVar("teola_served_calls", default=None)
@@ -55,6 +75,9 @@ def routing_served_calls(runtime: Any, priority: Priority | None = None, lowers:
     token = _SCOPE.set(scope)
     try:
         yield scope
+    except BaseException:  # the run ended early (cancelled, failed): what its threads still wait for stops
+        scope.cancel_waiting()
+        raise
     finally:
         _SCOPE.reset(token)
 
