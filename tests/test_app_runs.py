@@ -104,6 +104,8 @@ def test_a_marked_run_gives_its_calls_one_arrival_and_graph_runs_count_the_work_
     with app_runs.app_run("chat") as turn:
         assert app_runs.current() == turn and turn.steps_after == 0
         assert app_runs.call_priority() == Priority(app_runs.step_cost_s(), turn.arrival_s, turn.run_id)
+        with app_runs.app_run("langchain") as inner:  # a chain the run calls is part of it
+            assert inner == turn
     assert app_runs.current() is None
 
     graph = PGraph("one")

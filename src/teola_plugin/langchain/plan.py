@@ -26,6 +26,7 @@ from ..recent import Recent
 from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
 from ..optimizer import optimize
+from ..runtime import app_runs
 from ..runtime.runtime import Runtime
 from ..served_calls import EXPLAIN_ROUTED, routing_served_calls
 
@@ -78,7 +79,8 @@ class ExecutionPlan:
 
         config = ensure_config()  # the chain's run's child config: the caller's callbacks
         runs = RunTree(self.trace.runs, self.graph, config) if self.trace.runs and listening(config) else None
-        with routing_served_calls(runtime, lowers=lowers):  # opaque steps' calls: the served engines
+        # opaque steps' calls go to the served engines, as parts of this call's run
+        with app_runs.app_run("langchain"), routing_served_calls(runtime, app_runs.call_priority(), lowers):
             out = await runtime.execute(
                 self.graph, self.graph_inputs(input), timeout_s=timeout_s,
                 on_token=(lambda text: text and on_token(text)) if on_token else None,

@@ -15,7 +15,8 @@ after it. Its place in the *app run* says more:
 An integration registers a provider (:func:`add_provider`) that reads the position from its
 framework's own context (LlamaIndex: ``llama_index/workflow_runs.py``), or marks a run of its
 own with :func:`app_run` (a chat turn: its condense call, retrieval and answer share one
-arrival). The position is read
+arrival; a LangChain call: the chains and models a LangGraph graph's nodes call share the
+graph run's). The position is read
 in the caller's context: the served-call scope's priority, and ``Runtime.execute`` (the
 runtime loop runs a submitted coroutine in a copy of the submitting thread's context).
 """
@@ -64,7 +65,12 @@ def arrival_of(run_id: str) -> float:
 @contextlib.contextmanager
 def app_run(kind: str) -> Iterator[RunPosition]:
     """The calls made in this context (and the tasks and threads it starts) are parts of one
-    app run, arrived now, each on the path to its answer."""
+    app run, arrived now, each on the path to its answer; inside a marked run, that run (a
+    chain a LangGraph node calls is part of the graph's run)."""
+    outer = _MARKED.get()
+    if outer is not None:
+        yield outer
+        return
     run_id = f"{kind}-{uuid.uuid4().hex[:12]}"
     token = _MARKED.set(RunPosition(run_id, arrival_of(run_id), 0))
     try:
