@@ -12,7 +12,8 @@ step makes go through the executor. Such a call's priority comes from where its 
   A step none of whose events lead to a ``StopEvent`` is off the answer's path.
 
 The step's name is read from the workflows package's context variables, which are not public
-API: where they move, a call has no position and runs as a query of its own (tested).
+API: where they move, a call has no position and runs as a query of its own. The tests read
+positions from real workflow runs, so such a move fails them.
 """
 
 from __future__ import annotations

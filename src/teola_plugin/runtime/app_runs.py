@@ -16,9 +16,9 @@ An integration registers a provider (:func:`add_provider`) that reads the positi
 framework's own context (LlamaIndex: ``llama_index/workflow_runs.py``), or marks a run of its
 own with :func:`app_run` (a chat turn: its condense call, retrieval and answer share one
 arrival; a LangChain call: the chains and models a LangGraph graph's nodes call share the
-graph run's). The position is read
-in the caller's context: the served-call scope's priority, and ``Runtime.execute`` (the
-runtime loop runs a submitted coroutine in a copy of the submitting thread's context).
+graph run's). The position is read in the caller's context: by the served-call scope's
+priority, the plugin's model classes, and ``Runtime.execute`` (the runtime loop runs a
+submitted coroutine in a copy of the submitting thread's context).
 """
 
 from __future__ import annotations
