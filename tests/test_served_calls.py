@@ -70,6 +70,18 @@ def server_requests_running(model_server) -> float:
                if line.startswith("vllm:num_requests_running"))
 
 
+async def generating_for(model_server, run) -> None:
+    """Wait until the server generates for ``run`` (a task or a workflow handler), which is
+    still running: the moment to cancel it (bounded: 60 s)."""
+    generating = 0.0
+    for _ in range(300):
+        await asyncio.sleep(0.2)
+        generating = await asyncio.to_thread(server_requests_running, model_server)
+        if generating or run.done():
+            break
+    assert generating == 1 and not run.done(), "the generation should be running when cancelled"
+
+
 def bodies(requests: list[tuple[str, dict]]) -> list[str]:
     return sorted(json.dumps([path, body], sort_keys=True) for path, body in requests)
 
@@ -349,13 +361,7 @@ def test_a_cancelled_graph_run_stops_its_request_on_the_server_and_the_next_run_
 
     async def cancel_mid_generation() -> float:
         task = asyncio.ensure_future(fast.ainvoke({"messages": [("user", "Count: 1, 2, 3,")]}))
-        generating = 0.0
-        for _ in range(300):  # until the server generates for it (bounded: 60 s)
-            await asyncio.sleep(0.2)
-            generating = await asyncio.to_thread(server_requests_running, model_server)
-            if generating or task.done():
-                break
-        assert generating == 1 and not task.done(), "the generation should be running when cancelled"
+        await generating_for(model_server, task)
         cancelled = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -684,13 +690,7 @@ def test_a_cancelled_workflow_run_stops_its_request_on_the_server_and_the_next_r
 
     async def cancel_mid_generation() -> None:
         handler = Long(timeout=600).run()
-        generating = 0.0
-        for _ in range(300):  # until the server generates for it (bounded: 60 s)
-            await asyncio.sleep(0.2)
-            generating = await asyncio.to_thread(server_requests_running, model_server)
-            if generating or handler.done():
-                break
-        assert generating == 1 and not handler.done(), "the generation should be running when cancelled"
+        await generating_for(model_server, handler)
         await handler.cancel_run()
         with pytest.raises(WorkflowCancelledByUser):
             await handler
