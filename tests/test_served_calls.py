@@ -230,6 +230,92 @@ def test_a_tool_calling_graph_gets_the_same_tool_calls_and_messages(recording_pr
     assert sent[0]["tool_choice"] == "required" and sent[0]["tools"][0]["function"]["name"] == "population"
 
 
+def test_an_interrupted_graph_resumes_as_plain(recording_proxy, served_runtime):
+    """Human in the loop as LangGraph's docs write it: a node calls ``interrupt(...)``, the
+    run stops with ``__interrupt__`` in its result and its state in the checkpointer, and
+    ``Command(resume=...)`` on the same thread goes on from there, the answer's model call
+    relayed by the served engine."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    model = chat_openai(recording_proxy.base_url)
+
+    class Draft(TypedDict):
+        topic: str
+        approved: str
+        answer: str
+
+    def approve(state: Draft) -> dict:
+        return {"approved": interrupt(f"Write about {state['topic']}?")}
+
+    def write(state: Draft) -> dict:
+        return {"answer": model.invoke(f"One sentence about {state['topic']} ({state['approved']}):").content}
+
+    def graph():
+        builder = StateGraph(Draft)
+        builder.add_node("approve", approve)
+        builder.add_node("write", write)
+        builder.add_edge(START, "approve")
+        builder.add_edge("approve", "write")
+        builder.add_edge("write", END)
+        return builder.compile(checkpointer=InMemorySaver())
+
+    def run(app) -> tuple:
+        thread = {"configurable": {"thread_id": "t1"}}
+        paused = app.invoke({"topic": "rain"}, thread)
+        waiting = app.get_state(thread).next
+        done = app.invoke(Command(resume="yes"), thread)
+        return [i.value for i in paused["__interrupt__"]], waiting, done
+
+    plain = run(graph())
+    plain_bodies = bodies(recording_proxy.take())
+    before = relayed(served_runtime)
+    assert run(TeolaRunnable(graph(), runtime=served_runtime)) == plain
+    assert plain[0] == ["Write about rain?"] and plain[1] == ("approve",) and plain[2]["approved"] == "yes"
+    assert relayed(served_runtime) - before == 1 and bodies(recording_proxy.take()) == plain_bodies
+
+
+def test_parallel_tool_calls_run_concurrently_with_their_model_calls_relayed(recording_proxy, served_runtime):
+    """An agent's message with two tool calls: LangGraph's ``ToolNode`` runs them at once, and
+    under Teola they still overlap, each tool's own model call sent by the served engine."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    model = chat_openai(recording_proxy.base_url, max_tokens=24)
+    spans: dict[str, tuple[float, float]] = {}
+
+    @tool
+    def describe(city: str) -> str:
+        """One sentence about a city."""
+        start = time.monotonic()
+        text = model.invoke(f"One sentence about {city}:").content
+        spans[city] = (start, time.monotonic())
+        return text
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("tools", ToolNode([describe]))
+    builder.add_edge(START, "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile()
+    calls = [{"name": "describe", "args": {"city": city}, "id": f"call_{city}", "type": "tool_call"}
+             for city in ("Paris", "Rome")]
+    question = {"messages": [AIMessage("", tool_calls=calls)]}
+
+    plain = graph.invoke(question)
+    plain_bodies = bodies(recording_proxy.take())
+    spans.clear()
+    before = relayed(served_runtime)
+    fast = TeolaRunnable(graph, runtime=served_runtime).invoke(question)
+    assert [(m.type, m.tool_call_id) for m in fast["messages"][1:]] == [(m.type, m.tool_call_id)
+                                                                       for m in plain["messages"][1:]]
+    assert relayed(served_runtime) - before == 2 and bodies(recording_proxy.take()) == plain_bodies
+    (a_start, a_end), (b_start, b_end) = spans["Paris"], spans["Rome"]
+    assert a_start < b_end and b_start < a_end  # the two tools ran at once
+
+
 def test_a_prebuilt_react_agent_runs_as_plain_with_its_model_calls_lowered(recording_proxy, served_runtime):
     """LangGraph's prebuilt agent loop (``create_react_agent``: model with tools -> tools ->
     model ...), tool choice left to the model as the docs write it: the same messages as
