@@ -97,3 +97,15 @@ def test_the_latency_picture_is_drawn_when_the_first_app_ran_nothing(tmp_path):
     path = plots.latency_cdf({"apps": {"a": failed, "b": ran}}, tmp_path / "cdf.png")
     assert path.stat().st_size > 1000
     assert plots.latency_cdf({"apps": {"a": failed}}, tmp_path / "none.png").exists()  # no legend at all
+
+
+def test_a_bound_teola_beats_by_far_is_not_judged():
+    """An app whose parallel work is the framework's own (workflow steps, graph branches) has
+    a bound the isolated run counted serially: teola-full well below it is no success."""
+    def lines(over: float) -> list[str]:
+        app = {"systems": {"teola-full": {"mean_s": 1.0}}, "teola_over_bound": over, "teola_over_hw_bound": over}
+        return report.targets({"apps": {"x": app}})
+
+    assert [line.endswith(": met.") for line in lines(0.95)] == [True, True]
+    assert all(report.NO_LOWER_BOUND in line and "met" not in line.split(":")[-1] for line in lines(0.52))
+    assert [line.endswith(": MISSED.") for line in lines(1.5)[:2]] == [True, True]

@@ -13,6 +13,13 @@ from .checkpoint import write_atomically
 
 TARGET_BOUND = 1.3  # teola-full within 1.3x of the bound
 TARGET_HW_BOUND = 1.1  # teola-full within 1.1x of the hardware-aware bound
+# teola-full well below its bound: no lower bound here, so not judged. The isolated run counts
+# work the app runs in parallel outside Teola's graphs (workflow steps, LangGraph branches and
+# the graph runs their nodes start) one after another.
+BOUND_JUDGED_FROM = 0.9
+NO_LOWER_BOUND = ("not judged: teola-full is faster than this bound, so it is no lower bound here (the isolated "
+                  "run counts the work the app runs in parallel outside Teola's graphs, its workflow steps or "
+                  "graph branches and the graph runs they start, one after another)")
 TARGET_SPEEDUP = 2.0  # vs plain-sequential on apps 2, 4, 5 where the ideal allows
 TARGET_SPEEDUP_APPS = ("doc_qa_advanced", "multihop", "summarize")
 TARGET_IDEAL_SHARE = 0.8
@@ -147,6 +154,12 @@ def p99_ratios(rows: list[dict[str, Any]]) -> str:
     return ", ".join(parts) or "no rate with both systems"
 
 
+def _judged(over_bound: float, target: float) -> str:
+    if over_bound < BOUND_JUDGED_FROM:
+        return NO_LOWER_BOUND
+    return "met" if over_bound <= target else "MISSED"
+
+
 def targets(results: dict[str, Any]) -> list[str]:
     lines = []
     for name, app in results["apps"].items():
@@ -161,12 +174,11 @@ def targets(results: dict[str, Any]) -> list[str]:
         ob, ideal, ach, share = (app.get(k) for k in ("teola_over_bound", "ideal_speedup", "achieved_speedup",
                                                        "share_of_ideal"))
         if ob is not None:
-            ok = ob <= TARGET_BOUND
             lines.append(f"* **{name}**: teola-full / bound = {ob:.2f} (target <= {TARGET_BOUND}): "
-                         f"{'met' if ok else 'MISSED'}.")
+                         f"{_judged(ob, TARGET_BOUND)}.")
         if (ohw := app.get("teola_over_hw_bound")) is not None:
             lines.append(f"* **{name}**: teola-full / hardware-aware bound = {ohw:.2f} (target <= {TARGET_HW_BOUND}): "
-                         f"{'met' if ohw <= TARGET_HW_BOUND else 'MISSED'}.")
+                         f"{_judged(ohw, TARGET_HW_BOUND)}.")
         if name in TARGET_SPEEDUP_APPS and ach is not None:
             allows = ideal is not None and ideal >= TARGET_SPEEDUP
             ok = ach >= TARGET_SPEEDUP
