@@ -57,6 +57,23 @@ def test_an_expanded_node_costs_its_sub_graphs_critical_path():
     assert query_bound(handlers, wall_s=4.0)["critical_path_s"] == pytest.approx(0.1 + 2.0 + 0.1)
 
 
+def test_a_graph_run_within_another_counts_once():
+    """A LangGraph graph runs as one opaque step whose node starts a chain's own graph run: the
+    step's isolated duration holds that run, so the run adds nothing to the bound."""
+    handlers = IsolatingHandlers()
+    outer, called, later = _diamond(), _diamond(), _diamond()
+    handlers.runs[id(outer)] = RunRecord(outer, 0.0, 5.0, {"a": 4.0, "b": 0.5, "c": 0.5})  # a: the opaque step
+    handlers.runs[id(called)] = RunRecord(called, 1.0, 3.0, {"a": 1.0, "b": 0.5, "c": 0.5})
+    handlers.runs[id(later)] = RunRecord(later, 6.0, 8.0, {"a": 1.0, "b": 1.0, "c": 1.0})  # after it: counted
+    bound = query_bound(handlers, wall_s=9.0)
+    assert bound["critical_path_s"] == pytest.approx(4.5 + 2.0)
+    assert bound["outside_graph_s"] == pytest.approx(9.0 - 5.0 - 2.0)
+    # two runs of the same span (siblings started together): one of them counts
+    twin = _diamond()
+    handlers.runs[id(twin)] = RunRecord(twin, 6.0, 8.0, {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert query_bound(handlers, wall_s=9.0)["critical_path_s"] == pytest.approx(4.5 + 2.0)
+
+
 def test_hardware_aware_bound_waits_for_the_busiest_compute_group():
     # Per-item-linear profiles: batching saves nothing, so each duration is its group's work.
     cost = CostModel({"embedder": {"embed": {"batch": [1, 10], "latency_s": [1.0, 10.0]}}}).with_compute_groups(

@@ -8,7 +8,11 @@ node that returned it. The run becomes a :class:`~teola_plugin.sim.trace.QueryTr
 ``teola simulate`` replays), and :func:`trace_bound` computes, per graph run, the longest path
 through its graph with those durations (an expanded node costs its own handler time plus
 its sub-graph's critical path) and adds the query's time spent outside any graph (tracing,
-framework code between graphs), which no scheduler can overlap. One correction: vLLM runs
+framework code between graphs), which no scheduler can overlap. A graph run made within
+another (a chain a LangGraph node calls, inside the graph's opaque step) is already part of
+that run's isolated durations and is not counted again. Work an app runs in parallel outside
+Teola's graphs (workflow steps, graph branches) is counted one after another, so for such
+apps the bound can sit above the measured latency (the page then does not judge it). One correction: vLLM runs
 a stream on while the isolated run times the query's other primitives, so a decode's own
 wait can miss most of its tokens; a decode counts at least its tokens at the step of the
 query's decodes that were timed whole.

@@ -135,9 +135,21 @@ def recorded_query(handlers: IsolatingHandlers, wall_s: float, cost_model: CostM
     by_graph = {id(r.graph): r for r in runs}
     children = {id(g) for r in runs for g in r.expansions.values()}
     tops = [r for r in runs if id(r.graph) not in children]
+    # A graph run that ran within another (a chain a LangGraph node called, inside the graph's
+    # opaque step) is already part of that run's isolated durations: counted again, its work
+    # would count twice. Concurrent sibling runs (parallel workflow steps) contained in one
+    # another are dropped alike: they could have run side by side.
+    span = {id(r): (r.started, _ended(r, by_graph)) for r in tops}
+    tops = [r for i, r in enumerate(tops) if not any(
+        _within(span[id(r)], span[id(o)]) and (span[id(o)] != span[id(r)] or j < i)
+        for j, o in enumerate(tops) if o is not r)]
     inside = sum(max(0.0, _ended(r, by_graph) - r.started) for r in tops)
     return QueryTrace(app, query, tuple(_recorded_graph(r, by_graph, cost_model) for r in tops),
                       max(0.0, wall_s - inside), {"wall_s": wall_s})
+
+
+def _within(inner: tuple[float, float], outer: tuple[float, float]) -> bool:
+    return outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
 def _ended(rec: RunRecord, by_graph: Mapping[int, RunRecord]) -> float:
