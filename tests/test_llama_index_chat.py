@@ -118,3 +118,4 @@ def test_explain_of_a_workflow_says_how_it_runs():
     finally:
         runtime.shutdown()
     assert text.startswith("TeolaExecutor plan for Echo") and "runs its steps as LlamaIndex does" in text
+    assert "ordered by the steps left to the answer, a StopEvent: echo 1)" in text

@@ -191,7 +191,7 @@ class TeolaExecutor:
                               "your code, run unchanged; the query engines and retrievers its steps call run "
                               "through this executor, lowered (explain each of them to see its graph), and "
                               "a HuggingFaceEmbedding the embedder engine computes alike embeds on that engine.",
-                              EXPLAIN_ROUTED])
+                              EXPLAIN_ROUTED, _explain_step_places(target)])
         app = self.traced(target)
         graph = self._prepare(app.graph, app.engines)
         lines = [f"TeolaExecutor plan for {type(target).__name__}", ""]
@@ -615,6 +615,19 @@ def _release_claims(app: TracedApp) -> None:
     for j in app.ingestions:
         if j.claim is not None:
             j.claim.release()
+
+
+def _explain_step_places(workflow: Any) -> str:
+    """How the calls of ``workflow``'s steps are scheduled (``workflow_runs``)."""
+    from .workflow_runs import steps_to_answer
+
+    steps = workflow._get_steps()
+    paths = steps_to_answer(steps)
+    places = ", ".join(f"{name} {n}" for name, n in sorted(paths.items(), key=lambda kv: (-kv[1], kv[0])))
+    off = sorted(set(steps) - set(paths))
+    return ("  (a call a step makes shares its run's arrival and is ordered by the steps left to the answer, "
+            f"a StopEvent: {places or 'none'}" + (f"; off the answer's path, scheduled last: {', '.join(off)})"
+                                                  if off else ")"))
 
 
 def _is_workflow(target: Any) -> bool:
