@@ -12,10 +12,10 @@ framework code between graphs), which no scheduler can overlap. A graph run made
 another (a chain a LangGraph node calls, inside the graph's opaque step) is already part of
 that run's isolated durations and is not counted again. Work an app runs in parallel outside
 Teola's graphs (workflow steps, graph branches) is counted one after another, so for such
-apps the bound can sit above the measured latency (the page then does not judge it). One correction: vLLM runs
-a stream on while the isolated run times the query's other primitives, so a decode's own
-wait can miss most of its tokens; a decode counts at least its tokens at the step of the
-query's decodes that were timed whole.
+apps the bound can sit above the measured latency (the page then does not judge it). One
+correction: vLLM runs a stream on while the isolated run times the query's other
+primitives, so a decode's own wait can miss most of its tokens; a decode counts at least its
+tokens at the step of the query's decodes that were timed whole.
 
 With the runtime's cost model, :func:`trace_bound` also gives the *hardware-aware* bound:
 engines of one compute group take turns on the same hardware, so a query cannot finish

@@ -75,6 +75,14 @@ def _running(executor: TeolaExecutor) -> Iterator[None]:
         _RUNNING.reset(token)
 
 
+@contextlib.contextmanager
+def _chat_turn(executor: TeolaExecutor, chat_engine: Any, method: str) -> Iterator[None]:
+    """One turn of a chat engine's own code: the executor marked running, the turn one app run."""
+    _require(chat_engine, BaseChatEngine, method)
+    with _running(executor), app_runs.app_run("chat"):
+        yield
+
+
 class TeolaExecutor:
     """Runs LlamaIndex query engines and retrievers on a Teola :class:`Runtime`.
 
@@ -374,23 +382,19 @@ class TeolaExecutor:
     # retriever / query engine (lowered graphs) and the synthesizer's LLM calls (``answer``).
     # Running the engine's own code keeps its memory exactly plain's after every turn.
     def chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
-        _require(chat_engine, BaseChatEngine, "chat")
-        with _running(self), app_runs.app_run("chat"):
+        with _chat_turn(self, chat_engine, "chat"):
             return chat_engine.chat(message, chat_history)
 
     async def achat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
-        _require(chat_engine, BaseChatEngine, "achat")
-        with _running(self), app_runs.app_run("chat"):
+        with _chat_turn(self, chat_engine, "achat"):
             return await chat_engine.achat(message, chat_history)
 
     def stream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
-        _require(chat_engine, BaseChatEngine, "stream_chat")
-        with _running(self), app_runs.app_run("chat"):
+        with _chat_turn(self, chat_engine, "stream_chat"):
             return chat_engine.stream_chat(message, chat_history)
 
     async def astream_chat(self, chat_engine: Any, message: str, chat_history: list[Any] | None = None) -> Any:
-        _require(chat_engine, BaseChatEngine, "astream_chat")
-        with _running(self), app_runs.app_run("chat"):
+        with _chat_turn(self, chat_engine, "astream_chat"):
             return await chat_engine.astream_chat(message, chat_history)
 
     def _explain_chat_engine(self, engine: Any) -> str:

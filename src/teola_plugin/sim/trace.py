@@ -143,7 +143,7 @@ def recorded_query(handlers: IsolatingHandlers, wall_s: float, cost_model: CostM
     tops = [r for i, r in enumerate(tops) if not any(
         _within(span[id(r)], span[id(o)]) and (span[id(o)] != span[id(r)] or j < i)
         for j, o in enumerate(tops) if o is not r)]
-    inside = sum(max(0.0, _ended(r, by_graph) - r.started) for r in tops)
+    inside = sum(max(0.0, span[id(r)][1] - span[id(r)][0]) for r in tops)
     return QueryTrace(app, query, tuple(_recorded_graph(r, by_graph, cost_model) for r in tops),
                       max(0.0, wall_s - inside), {"wall_s": wall_s})
 
