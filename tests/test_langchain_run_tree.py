@@ -70,6 +70,32 @@ def test_the_docs_rag_chain_reports_plains_runs_to_handlers_collect_runs_and_eve
     assert len(teola_tokens) == len(plain_tokens) > 1
 
 
+def test_a_multi_query_retriever_reports_its_chain_and_a_retriever_run_per_query(model_server, retriever,
+                                                                                   runtime):  # noqa: F811
+    """Plain's ``MultiQueryRetriever`` reports its ``llm_chain``'s runs (the sequence, prompt,
+    model, parser) and one run of its retriever per query (the question too, under
+    ``include_original``): so does the lowered one, under invoke and ainvoke (which gathers)."""
+    from langchain_classic.retrievers.multi_query import MultiQueryRetriever
+
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=model_server.base_url, api_key="none", temperature=0,
+                     max_tokens=40)
+    for include_original in (False, True):
+        mq = MultiQueryRetriever.from_llm(retriever=retriever, llm=llm, include_original=include_original)
+        teola = same_tree(mq, QUESTIONS[2], runtime)
+        below = [path[1:] for path, *_ in teola.tree()]
+        assert {("RunnableSequence", "PromptTemplate"), ("RunnableSequence", "ChatOpenAI"),
+                ("RunnableSequence", "LineListOutputParser")} <= set(below)
+        (lines,) = [returned for path, _, _, _, returned in teola.tree() if path[1:] == ("RunnableSequence",)]
+        searched = [given for path, _, _, given, _ in teola.tree() if path[1:] == ("VectorStoreRetriever",)]
+        assert len(searched) == len(eval(lines)) + include_original >= 2
+        assert "Opaque components: none" in TeolaRunnable(mq, runtime=runtime).explain(QUESTIONS[2])
+    plain, teola = RunTreeRecorder(), RunTreeRecorder()
+    expected = _call(mq, "ainvoke", QUESTIONS[2], plain)
+    got = _call(TeolaRunnable(mq, runtime=runtime), "ainvoke", QUESTIONS[2], teola)
+    assert RunTreeRecorder.comparable(got) == RunTreeRecorder.comparable(expected)
+    assert teola.tree() == plain.tree() and teola.nested()
+
+
 def _run_names(run, depth: int = 0) -> list:
     """A collected run tree as (depth, name, run type, position tags), in the tracer's order."""
     rows = [(depth, run.name, run.run_type, sorted(t for t in run.tags if ":" in t))]

@@ -44,6 +44,7 @@ from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
 from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
+from .retriever_run import ain_retriever_run, in_retriever_run, root_retriever
 from ..recent import Recent
 from .stream_split import StreamSplit
 
@@ -249,11 +250,15 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """One call as a graph run (``plan``: the input's, when known), its callback runs plain's."""
         if self._reports_own_run(plan):
             return self._own_run_context(config).run(self._run, input)
+        if (retriever := root_retriever(self.chain)) is not None:
+            return in_retriever_run(retriever, self._run, input, self._bound_config(config))
         return self._call_with_config(self._run, input, self._bound_config(config))
 
     async def ainvoke_graph(self, plan: ExecutionPlan | None, input: Any, config: RunnableConfig | None) -> Any:
         if self._reports_own_run(plan):
             return await asyncio.create_task(self._arun(input), context=self._own_run_context(config))
+        if (retriever := root_retriever(self.chain)) is not None:
+            return await ain_retriever_run(retriever, self._arun, input, self._bound_config(config))
         return await self._acall_with_config(self._arun, input, self._bound_config(config))
 
     def graph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:

@@ -184,10 +184,7 @@ def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callab
 
     async def report_start(query: str) -> Any:
         config = ensure_config()
-        metadata = {**(config.get("metadata") or {}), **retriever._get_ls_params()}
-        manager = with_step_tag(CallbackManager.configure(
-            config.get("callbacks"), None, verbose=False, inheritable_tags=config.get("tags"),
-            local_tags=retriever.tags, inheritable_metadata=metadata, local_metadata=retriever.metadata), step)
+        manager = with_step_tag(retriever_manager(retriever, config), step)
         if not manager.handlers:
             return None
         name = config.get("run_name") or retriever.get_name()
@@ -199,3 +196,13 @@ def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callab
         return documents
 
     return report_start, report_end
+
+
+def retriever_manager(retriever: Any, config: Mapping[str, Any], manager: type = CallbackManager) -> Any:
+    """The callback manager ``BaseRetriever.invoke`` (``manager``: an ``AsyncCallbackManager``,
+    ``ainvoke``) starts ``retriever``'s run with under ``config``: its tags, metadata and
+    tracing params."""
+    metadata = {**(config.get("metadata") or {}), **retriever._get_ls_params()}
+    return manager.configure(config.get("callbacks"), None, verbose=False, inheritable_tags=config.get("tags"),
+                             local_tags=retriever.tags, inheritable_metadata=metadata,
+                             local_metadata=retriever.metadata)

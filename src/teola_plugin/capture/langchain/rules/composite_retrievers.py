@@ -2,9 +2,10 @@
 contextual compression. The inner retrievers are lowered by their own rules (or run
 unchanged); what combines them runs by the composite's own code, so results are identical.
 
-* ``MultiQueryRetriever``: LLM writes queries, one per line -> retrieval per query ->
-  unique union; the decode is marked ``parse="lines"`` so decode pipelining can retrieve
-  for each query as soon as its line is complete.
+* ``MultiQueryRetriever``: its ``llm_chain`` writes queries, one per line -> retrieval per
+  query -> unique union; where the chain's list is its decode's lines, the decode is marked
+  ``parse="lines"`` so decode pipelining can retrieve for each query as soon as its line is
+  complete. Its runs inside are plain's: the chain's, one retriever run per query.
 * ``EnsembleRetriever``: the retrievers run as parallel branches; the fusion is the
   retriever's own ``weighted_reciprocal_rank``.
 * ``MultiVectorRetriever`` / ``ParentDocumentRetriever``: the search over the small chunks
@@ -24,9 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_core.language_models import BaseLanguageModel
-from langchain_core.prompts import BasePromptTemplate
-from langchain_core.runnables import RunnableSequence
 from langchain_core.vectorstores import VectorStoreRetriever
 
 from ....ir.node import Ref
@@ -35,37 +33,69 @@ from ....runtime.caller import as_the_caller_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ...overrides import overridden
-from ..values import Kind, PendingPrompt, Record, Traced, Value
-from .models import add_llm_call
-from .prompts import template_variables
+from ..step_runs import step_config
+from ..values import Kind, Record, Traced, Value
+from .callbacks import retriever_reporters
 from .retrievers import check_vector_retriever, reported_search, search_lists
 
 
 def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
-    """Lines are stripped (LangChain strips only the whole answer): the same text to the
-    MiniLM tokenizer, which ignores surrounding whitespace; a whitespace-only line is no
-    query here, while LangChain searches it."""
-    from langchain_classic.retrievers.multi_query import LineListOutputParser
+    """``generate_queries`` is the retriever's ``llm_chain`` lowered as any chain (its own
+    runs: the sequence, prompt, model call, parser). Where that chain ends in the decode's
+    lines, decode pipelining can search each query as soon as its line is decoded; the last
+    step (:func:`_queries_documents`) then pairs plain's queries with those searches."""
+    from langchain_classic.chains.llm import LLMChain
 
-    chain = mq.llm_chain
-    steps = chain.steps if isinstance(chain, RunnableSequence) else []
-    if (len(steps) != 3 or not isinstance(steps[0], BasePromptTemplate)
-            or not isinstance(steps[1], BaseLanguageModel)
-            or type(steps[2]) is not LineListOutputParser):
-        raise NotLowerable("llm_chain is not prompt | model | LineListOutputParser")
-    if mq.include_original:
-        raise NotLowerable("include_original=True is not lowered yet")
-    embedding = check_vector_retriever(t, mq.retriever)
-    prompt, model, _ = steps
+    if isinstance(mq.llm_chain, LLMChain):  # its output is a dict; not lowered
+        raise NotLowerable("llm_chain is a legacy LLMChain")
     if not (isinstance(value, Traced) and value.kind is Kind.TEXT):
         raise NotLowerable("the query is not known to be a str")
-    variables = template_variables(prompt, Record.of({"question": value}))
-    decode, _, _, _ = add_llm_call(t, model, PendingPrompt(prompt, variables, component_name(prompt)),
-                                parse="lines", est_items=3)
-    lists = search_lists(t, mq.retriever, embedding, decode.out("items"), 3)
-    union = t.add(Op.AGGREGATE, name="unique_union", inputs={"in0": lists},
-                  attrs={"mode": "union"}, origin=component_name(mq))
-    return Traced(union.out(), Kind.DOCUMENTS)
+    embedding = check_vector_retriever(t, mq.retriever)
+    lines = t.lower(mq.llm_chain, Record.of({"question": value}))
+    origin = component_name(mq)
+    decode = lines.lines_of if isinstance(lines, Traced) else None
+    if decode is not None:  # the parser's list is the decode's lines: searched line by line
+        t.graph.set_attrs(decode, parse="lines", est_items=3)
+        searched = Ref(decode, "items")
+    else:  # searched once the chain's output is known (the parser's own list)
+        searched = t.materialise(lines)
+    inputs = {"queries": t.materialise(lines), "searched": searched,
+              "lists": search_lists(t, mq.retriever, embedding, searched, 3)}
+    if mq.include_original:
+        question = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": t.materialise(value)},
+                         attrs={"mode": "list"}, origin=origin)
+        inputs |= {"question": question.out(),
+                   "question_lists": search_lists(t, mq.retriever, embedding, question.out(), 1)}
+    prim = t.add(Op.OPAQUE, name="unique_union", inputs=inputs, outputs=[OUT], origin=origin,
+                 attrs={"fn": _queries_documents(mq)})
+    return Traced(prim.out(OUT), Kind.DOCUMENTS)
+
+
+def _queries_documents(mq: Any) -> Any:
+    """``retrieve_documents`` then ``unique_union``, from the searches the graph ran: each of
+    plain's queries (the parser's list, then the question under ``include_original``) reads
+    the documents of the search for that very text, reporting the retriever run plain's
+    ``retriever.invoke`` reports; a query no search had (the decode's lines are stripped,
+    the parser's are not) runs the retriever's own code, so the union is plain's."""
+    retriever = mq.retriever
+    report_start, report_end = retriever_reporters(retriever)
+
+    async def union(queries: list[str], searched: list[str], lists: list[list[Document]],
+                    question: list[str] | None = None, question_lists: list[list[Document]] | None = None) -> Any:
+        found = dict(zip(searched, lists))
+        if question is not None:
+            found.setdefault(question[0], question_lists[0])
+            queries = [*queries, question[0]]
+        documents: list[Document] = []
+        for query in queries:
+            if query in found:
+                run = await report_start(query)
+                documents += await report_end(run, found[query])
+            else:
+                documents += await as_the_caller_calls(retriever.invoke, retriever.ainvoke, query, step_config(None))
+        return mq.unique_union(documents)
+
+    return union
 
 
 def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:

@@ -52,7 +52,10 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
         raise NotLowerable("input is not known to be a str or a chat reply")
     name = component_name(parser)
-    prim = t.add(Op.OPAQUE, name="parse", inputs={"text": text.ref}, outputs=[OUT], origin=name,
+    inputs = {"text": text.ref}
+    if isinstance(value, ChatReply):  # what plain's parser run is given: the reply message
+        inputs["message"] = t.materialise(value)
+    prim = t.add(Op.OPAQUE, name="parse", inputs=inputs, outputs=[OUT], origin=name,
                  attrs={"fn": _parse_step(t, parser, parser.parse), "pure": True})
     source = text.tokens_from  # the decode this text is, if any: a `.map()` after it may pipeline
     if type(parser) is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
@@ -73,13 +76,14 @@ def _lower_tool_call_parser(t: LangChainTracer, parser: BaseOutputParser, value:
 
 def _parse_step(t: LangChainTracer, parser: BaseOutputParser, direct: Any) -> Any:
     """The parse step's function: ``direct(value)`` when nobody listens; else the parser's own
-    ``invoke`` reports its run (as plain's step does), off the runtime loop (handlers may block)."""
+    ``invoke`` reports its run (as plain's step does), off the runtime loop (handlers may block),
+    given the reply message where there is one (plain's step is given the model's output)."""
     invoke, tag = parser.invoke, t.step_tag_of(parser)
 
-    async def parse(**inputs: Any) -> Any:  # one input: the text, or the reply message
-        (value,) = inputs.values()
+    async def parse(**inputs: Any) -> Any:  # the text, or the reply message, or both
+        value = inputs.get("text", inputs.get("message"))
         if not ensure_config().get("callbacks"):
             return direct(value)
-        return await in_framework_thread(invoke, value, step_config(tag))
+        return await in_framework_thread(invoke, inputs.get("message", value), step_config(tag))
 
     return parse
