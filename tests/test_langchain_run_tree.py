@@ -10,15 +10,17 @@ on an idle server: greedy answers are the same on both sides.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableBranch, RunnableLambda, RunnablePassthrough
 from langchain_core.tracers.context import collect_runs
+from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_openai import ChatOpenAI
 
-from teola_plugin.langchain import TeolaRunnable
+from teola_plugin.langchain import TeolaEmbeddings, TeolaRunnable
 from tests.fixtures_served import SERVED_NAME, docs_rag_chain
 from tests.test_langchain import QUESTIONS, retriever  # noqa: F401
 
@@ -125,15 +127,18 @@ def test_nested_bindings_branches_and_maps_report_their_runs(chat, runtime):
                                        for p in elements)
 
 
+class Errors(RunTreeRecorder):
+    def __init__(self):
+        super().__init__()
+        self.errored: list[tuple[tuple[str, ...], str]] = []
+
+    def on_chain_error(self, error, *, run_id, **kwargs):
+        self.errored.append((self.path(run_id), type(error).__name__))
+
+    on_retriever_error = on_chain_error
+
+
 def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
-    class Errors(RunTreeRecorder):
-        def __init__(self):
-            super().__init__()
-            self.errored: list[tuple[tuple[str, ...], str]] = []
-
-        def on_chain_error(self, error, *, run_id, **kwargs):
-            self.errored.append((self.path(run_id), type(error).__name__))
-
     def refuse(text: str) -> str:
         raise ValueError(f"refusing {text[:10]!r}")
 
@@ -146,6 +151,23 @@ def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
         TeolaRunnable(chain, runtime=runtime).invoke({"q": "Who wrote Hamlet?"}, {"callbacks": [teola]})
     assert sorted(teola.errored) == sorted(plain.errored) and len(plain.errored) == 4
     assert teola.tree() == plain.tree()  # the runs that ended before, with their outputs
+
+
+def test_a_search_that_fails_errors_the_retriever_run_and_the_runs_around_it(chat, runtime):
+    """A store whose search raises (an entry written by another embedding, of another size):
+    the lowered retriever's run errors, then the runs around it, as in plain."""
+    store = InMemoryVectorStore(TeolaEmbeddings(runtime=runtime))
+    store.add_texts(["Paris is the capital of France."])
+    store.store["other"] = {"id": "other", "vector": [1.0, 0.0], "text": "another embedding's", "metadata": {}}
+    chain = ({"context": store.as_retriever(), "q": RunnablePassthrough()}
+             | ChatPromptTemplate.from_template("{context}\n{q}") | chat)
+    plain, teola = Errors(), Errors()
+    with pytest.raises(ValueError) as raised:
+        chain.invoke("Where is Paris?", {"callbacks": [plain]})
+    with pytest.raises(ValueError, match=re.escape(str(raised.value))):
+        TeolaRunnable(chain, runtime=runtime).invoke("Where is Paris?", {"callbacks": [teola]})
+    assert sorted(teola.errored) == sorted(plain.errored)
+    assert (("RunnableSequence", "RunnableParallel<context,q>", "VectorStoreRetriever"), "ValueError") in plain.errored
 
 
 def test_a_chain_that_is_one_component_is_that_components_run(chat, runtime):

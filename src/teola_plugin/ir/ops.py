@@ -181,6 +181,8 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
                      "pure": "True: no side effects (may be merged or dropped)",
                      "expands": "what it expands into at run time (explain)",
                      "expands_into": "the sub-components it expands into (inspection)",
+                     "opens_run": "its 'run' output is a callback run the primitive reading it ends "
+                                  "(the run tree errors it if the graph run fails first)",
                      "warm_prompt": "the template of the LLM calls it expands into ({render, parts, engine, "
                                     "est_prompt_tokens}: parts over its inputs), for split_prefill"},
               doc="call a framework component unchanged"),

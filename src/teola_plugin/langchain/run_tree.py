@@ -15,7 +15,9 @@ observer):
   to start (and, a sequence step, for the step before to end); nothing else does: engine
   work never waits for a callback;
 * on failure, reports ``on_chain_error`` (``on_retriever_error``) for every run still open,
-  innermost first, as plain's runs do while the error passes through them.
+  innermost first, as plain's runs do while the error passes through them; a run a primitive
+  opened (``opens_run``: its ``run`` output, a lowered retriever's, closed by the primitive
+  that reads it) is innermost.
 
 A sub-chain met at run time (a ``RunnableBranch``'s chosen branch, a ``RunnableEach``'s
 element) runs as an expansion with a run tree of its own, which also reports the sub-chain's
@@ -84,6 +86,7 @@ class RunTree:
         self._started: dict[int | None, asyncio.Future[RunnableConfig]] = {}
         self._ended: dict[int, asyncio.Future[None]] = {}
         self._open: dict[int | None, Any] = {}  # run -> its run manager, between start and end (in start order)
+        self._opened_by: dict[str, Any] = {}  # primitive -> the run manager it opened, until a primitive reads it
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- the observer ------------------------------------------------------------------------
@@ -122,6 +125,11 @@ class RunTree:
             var_child_runnable_config.set(await self._started[parent])
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
+        if prim.attrs.get("opens_run") and outputs.get("run") is not None:
+            self._opened_by[prim.name] = outputs["run"]
+        closed = prim.inputs.get("run")
+        if closed is not None:
+            self._opened_by.pop(closed.node, None)
         for port in prim.outputs:
             future = self._future(Ref(prim.name, port))
             if not future.done():
@@ -143,10 +151,13 @@ class RunTree:
             del self._open[None]
             await in_framework_thread(own.on_chain_end, await self._future(self.graph.outputs["output"]))
         if error is not None:
+            for manager in reversed(list(self._opened_by.values())):  # a lowered retriever's search failed
+                await in_framework_thread(manager.on_retriever_error, error)
             for run, manager in reversed(list(self._open.items())):  # innermost (started last) first
                 retriever = run is not None and self.scopes.runs[run].kind == "retriever"
                 await in_framework_thread(manager.on_retriever_error if retriever else manager.on_chain_error, error)
         self._open.clear()
+        self._opened_by.clear()
 
     # -- runs ----------------------------------------------------------------------------------
     def _future(self, ref: Ref) -> asyncio.Future[Any]:

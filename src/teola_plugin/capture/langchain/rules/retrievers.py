@@ -169,12 +169,12 @@ def reported_search(t: LangChainTracer, retriever: Any, search: VectorStoreRetri
     """One query's search of ``search``'s store inside ``retriever``'s own run, as
     ``BaseRetriever.invoke`` reports it: retriever_start -> embed -> vector_search ->
     ``documents(lists)`` (what the retriever returns, from the search's one list) ->
-    retriever_end."""
+    retriever_end; if the search fails, the graph run's run tree errors the run it opened."""
     origin = component_name(retriever)
     query = t.materialise(value)
     report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("retriever_start"), inputs={"query": query},
-                          outputs=["run"], attrs={"fn": report_start}, origin=origin)
+                          outputs=["run"], attrs={"fn": report_start, "opens_run": True}, origin=origin)
     batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
     lists = search_lists(t, search, embedding, batch.out(), 1)
     ended = t.add(Op.OPAQUE, name="retriever_end", inputs={"run": started.out("run"), "documents": documents(lists)},
