@@ -94,6 +94,13 @@ def test_a_graphs_chain_nodes_run_lowered_with_plains_requests_and_state(recordi
     assert asyncio.run(async_graph.ainvoke(state)) == plain  # the wrappers are inert outside a run
     recording_proxy.take()
 
+    for mode in ("values", ["values", "updates"]):  # the state after each super-step, and each node's update
+        streamed = list(fast.stream(state, stream_mode=mode))
+        assert streamed == list(graph.stream(state, stream_mode=mode))
+        assert len(streamed) == (3 if mode == "values" else 5)
+    assert ("updates", {"summarize": {"summary": plain["summary"]}}) in streamed
+    assert relayed(served_runtime) == relayed_before
+
 
 def test_a_graphs_callback_tree_and_message_stream_are_plains(recording_proxy, served_runtime):
     graph = qa_graph(chat_openai(recording_proxy.base_url, max_tokens=16))
