@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import TypedDict
 
 import openai
@@ -173,6 +174,74 @@ def test_a_langgraph_nodes_served_embeddings_are_sent_by_the_engine(embedding_pr
     engines = [e for e in served_runtime.local_engines().values()
                if getattr(e, "base_url", None) == embedding_proxy.base_url]
     assert engines and engines[0].describe()["relayed"] >= 1
+
+
+def test_v1_rag_agents_retrieve_through_the_engine_with_plains_requests(embedding_proxy, recording_proxy,
+                                                                        served_runtime, passages):
+    """LangChain's v1 RAG tutorial, both forms: a ``@dynamic_prompt`` middleware that searches
+    the store and puts the documents in the system prompt, and an agent whose model must call
+    a retrieval tool (``tool_choice="required"`` on its first turn, by a ``wrap_model_call``
+    middleware: valid by construction). The agent runs as plain; its searches' embedding
+    requests and its model requests are sent by Teola's served engines, with plain's bodies."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ModelRequest, dynamic_prompt, wrap_model_call
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    embedding_proxy.replay = True
+    store = InMemoryVectorStore.from_texts(passages, openai_embeddings(embedding_proxy.base_url))
+    def model(max_tokens: int) -> ChatOpenAI:
+        return ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="EMPTY", temperature=0,
+                          max_tokens=max_tokens)
+
+    @dynamic_prompt
+    def prompt_with_context(request: ModelRequest) -> str:
+        docs = store.similarity_search(request.state["messages"][-1].text, k=2)
+        return "Use the following context in your response:\n\n" + "\n\n".join(d.page_content for d in docs)
+
+    @tool(response_format="content_and_artifact")
+    def retrieve_context(query: str):
+        """Retrieve information to help answer a query."""
+        docs = store.similarity_search(query, k=2)
+        return "\n\n".join(d.page_content for d in docs), docs
+
+    @wrap_model_call
+    def search_first(request: ModelRequest, handler):
+        if not any(m.type == "tool" for m in request.messages):
+            request = request.override(tool_choice="required")
+        return handler(request)
+
+    def messages(state: dict) -> list:  # tool call ids are the server's random ones
+        return [(m.type, m.content, [(c["name"], c["args"]) for c in getattr(m, "tool_calls", [])])
+                for m in state["messages"]]
+
+    def without_ids(body: dict) -> str:  # a request body, less the tool call ids the server drew
+        return re.sub(r'"(id|tool_call_id)": "chatcmpl-tool-[0-9a-f]+"', "ID", json.dumps(body, sort_keys=True))
+
+    def all_relayed() -> int:
+        return sum(engine.describe()["relayed"] for name, engine in served_runtime.local_engines().items()
+                   if name.startswith("served:"))
+
+    runs = []
+    # (the bundled model writes a short query's tool call in 80 tokens; a long one's loops on)
+    for agent, asked in ((create_agent(model(48), tools=[], middleware=[prompt_with_context]), QUESTIONS[1]),
+                         (create_agent(model(80), tools=[retrieve_context], middleware=[search_first]),
+                          "Who is Josh Norman?")):
+        question = {"messages": [("user", asked)]}
+        embedding_proxy.take(), recording_proxy.take()
+        plain = agent.invoke(question)
+        plain_embedded, plain_sent = embedding_proxy.take(), recording_proxy.take()
+        before = all_relayed()
+        teola = TeolaRunnable(agent, runtime=served_runtime).invoke(question)
+        assert messages(teola) == messages(plain)
+        assert bodies(embedding_proxy.take()) == bodies(plain_embedded) and plain_embedded
+        sent = recording_proxy.take()
+        assert [without_ids(body) for _, body in sent] == [without_ids(body) for _, body in plain_sent] and plain_sent
+        assert all_relayed() - before == len(sent) + len(plain_embedded)
+        runs.append((plain, plain_sent))
+    (_, with_context), (with_tool, _) = runs
+    assert with_context[0][1]["messages"][0]["content"].startswith("Use the following context")
+    assert [m.type for m in with_tool["messages"]][:3] == ["human", "ai", "tool"]  # the tool was called
 
 
 @pytest.mark.parametrize("failure", ["500", "refused"])
