@@ -107,3 +107,30 @@ def test_a_chat_models_bind_and_with_config_are_lowered_like_a_completion_models
             assert "llm_decode" in {p.op.value for p in trace.graph}
     reasons = opaque_reasons(prompt | served.bind(logprobs=True))
     assert any("logprobs" in r for r in reasons.values())
+
+
+def test_a_multi_query_line_no_search_had_runs_the_retrievers_own_search():
+    """The last step of a lowered ``MultiQueryRetriever`` reads each of plain's queries from
+    the graph's searches; the decode's lines are stripped and the parser's are not, so a query
+    with surrounding spaces was not searched: it runs the retriever's own search (real
+    MiniLM embeddings, a real store), and the union is plain's, in plain's order."""
+    import asyncio
+
+    from langchain_classic.retrievers.multi_query import MultiQueryRetriever
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    from teola_plugin.capture.langchain.rules.composite_retrievers import _queries_documents
+    from teola_plugin.engines.embedder import default_model_path
+
+    store = InMemoryVectorStore.from_texts(["The Rhine is a river.", "Paris is a city.", "Snow is cold."],
+                                           HuggingFaceEmbeddings(model_name=str(default_model_path())))
+    retriever = store.as_retriever(search_kwargs={"k": 1})
+    mq = MultiQueryRetriever.from_llm(retriever=retriever, llm=llm())
+    searched = ["Which river?", "Is snow cold?"]
+    lists = [retriever.invoke(q) for q in searched]
+    queries = ["Which river?", "  a French city  ", "Is snow cold?"]  # the parser's list
+    got = asyncio.run(_queries_documents(mq)(queries=queries, searched=searched, lists=lists))
+    expected = mq.unique_union([d for q in queries for d in retriever.invoke(q)])
+    assert [d.page_content for d in got] == [d.page_content for d in expected]
+    assert [d.page_content for d in got] == ["The Rhine is a river.", "Paris is a city.", "Snow is cold."]

@@ -33,7 +33,6 @@ from ....runtime.caller import as_the_caller_calls
 from ..documents import documents_to_hits, hits_to_documents
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ...overrides import overridden
-from ..step_runs import step_config
 from ..values import Kind, Record, Traced, Value
 from .callbacks import retriever_reporters
 from .retrievers import check_vector_retriever, reported_search, search_lists
@@ -92,7 +91,7 @@ def _queries_documents(mq: Any) -> Any:
                 run = await report_start(query)
                 documents += await report_end(run, found[query])
             else:
-                documents += await as_the_caller_calls(retriever.invoke, retriever.ainvoke, query, step_config(None))
+                documents += await as_the_caller_calls(retriever.invoke, retriever.ainvoke, query)  # under this run
         return mq.unique_union(documents)
 
     return union
