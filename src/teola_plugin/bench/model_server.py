@@ -8,7 +8,8 @@ needs no special tokens, and ``tool_choice="required"`` / a named tool are valid
 construction: vLLM constrains them with structured outputs), usage that reports prefix-cache
 hits (``--enable-prompt-tokens-details``: the served engine's prefill result reads it), ready
 in ~60 s on 2 cores. The caller stops it (:meth:`ModelServer.stop`); it runs in a session of
-its own so nothing it spawns outlives it.
+its own so nothing it spawns outlives it, and on Linux it dies with the process that started
+it (:func:`dying_with_parent`), so a test run killed by a timeout leaks no server.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ import httpx
 SERVED_NAME = "smollm2"
 EMBEDDING_NAME = "minilm"
 START_TIMEOUT_S = 420.0
+
+
+# Run in the child before it becomes the command: PR_SET_PDEATHSIG (1) survives the exec, so
+# the kernel sends SIGTERM when the parent goes; a parent already gone before that is checked.
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+                    "if os.getppid() != int(sys.argv[1]):\n"
+                    "    sys.exit(1)\n"
+                    "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` (a Python command) run so that it gets SIGTERM when this process (the thread
+    that starts it) ends, however it ends; unchanged where there is no parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def free_port() -> int:
@@ -92,8 +110,8 @@ def _start(args: list[str], name: str, log: Path) -> ModelServer:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--enforce-eager",
-             "--host", "127.0.0.1", "--port", str(port)],
+            dying_with_parent([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--enforce-eager",
+                               "--host", "127.0.0.1", "--port", str(port)]),
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = ModelServer(process, port, log, name)
     deadline = time.monotonic() + START_TIMEOUT_S
