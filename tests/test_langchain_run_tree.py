@@ -9,6 +9,7 @@ on an idle server: greedy answers are the same on both sides.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 
@@ -89,7 +90,7 @@ def test_a_multi_query_retriever_reports_its_chain_and_a_retriever_run_per_query
                 ("RunnableSequence", "LineListOutputParser")} <= set(below)
         (lines,) = [returned for path, _, _, _, returned in teola.tree() if path[1:] == ("RunnableSequence",)]
         searched = [given for path, _, _, given, _ in teola.tree() if path[1:] == ("VectorStoreRetriever",)]
-        assert len(searched) == len(eval(lines)) + include_original >= 2
+        assert len(searched) == len(ast.literal_eval(lines)) + include_original >= 2
         assert "Opaque components: none" in TeolaRunnable(mq, runtime=runtime).explain(QUESTIONS[2])
     plain, teola = RunTreeRecorder(), RunTreeRecorder()
     expected = _call(mq, "ainvoke", QUESTIONS[2], plain)
