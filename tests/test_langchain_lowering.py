@@ -134,3 +134,24 @@ def test_a_multi_query_line_no_search_had_runs_the_retrievers_own_search():
     expected = mq.unique_union([d for q in queries for d in retriever.invoke(q)])
     assert [d.page_content for d in got] == [d.page_content for d in expected]
     assert [d.page_content for d in got] == ["The Rhine is a river.", "Paris is a city.", "Snow is cold."]
+
+
+def test_a_trace_goes_stale_when_a_traced_components_setting_changes():
+    """A kept plan is reused only while every traced component has the settings it was
+    traced with: an in-place edit of a dict field counts, a reuse without edits does not."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding  # tracing only: never embeds
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    retriever = InMemoryVectorStore(DeterministicFakeEmbedding(size=8)).as_retriever(search_kwargs={"k": 2})
+    chain = PROMPT | llm() | StrOutputParser()
+    for component, edit in ((retriever, lambda r: r.search_kwargs.update(k=1)),
+                            (retriever, lambda r: setattr(r, "search_type", "mmr")),
+                            (chain, lambda c: setattr(c.steps[1], "max_tokens", 4))):
+        trace = trace_runnable(component, InputLayout.of("q") if component is retriever else LAYOUT)
+        assert not trace.stale and not trace.state.changed()
+        edit(component)
+        assert trace.stale
+        assert trace.state.changed()
+    llm_trace = trace_runnable(PROMPT | llm(), LAYOUT)
+    llm_trace.graph  # reading the trace changes nothing
+    assert not llm_trace.stale

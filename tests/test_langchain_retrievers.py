@@ -19,6 +19,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnablePassthrough
 
 from teola_plugin import datasets
+from teola_plugin.capture.langchain import InputLayout
 from teola_plugin.langchain import TeolaEmbeddings, TeolaLLM, TeolaReranker, TeolaRunnable
 from teola_plugin.runtime.policies import Priority
 from tests.test_langchain import QA_TEMPLATE, QUESTIONS, engine_prompts, format_docs, retriever  # noqa: F401
@@ -283,3 +284,25 @@ def test_a_parent_document_retriever_searches_its_chunks_lowered_and_returns_the
     fast = TeolaRunnable(mine, runtime=runtime)
     assert fast.invoke(QUESTIONS[0]) == mine.invoke(QUESTIONS[0])
     assert "redefines _get_relevant_documents" in fast.explain(QUESTIONS[0])
+
+
+def test_a_retrievers_settings_changed_between_calls_take_effect_as_in_plain(runtime, retriever):
+    """A plan is kept per input layout, but a retriever changed after the first call (its
+    ``k``, its search type) searches as plain does from the next call on; unchanged, the
+    kept plan is reused, not traced again."""
+    own = retriever.vectorstore.as_retriever(search_kwargs={"k": 2})
+    fast = TeolaRunnable(own, runtime=runtime)
+    q = QUESTIONS[0]
+    assert fast.invoke(q) == own.invoke(q) and len(own.invoke(q)) == 2
+    kept = fast._known_plan(InputLayout.of(q))
+    fast.invoke(q)
+    assert fast._known_plan(InputLayout.of(q)) is kept
+    own.search_kwargs["k"] = 1
+    assert fast.invoke(q) == own.invoke(q) and len(own.invoke(q)) == 1
+    own.search_kwargs.update(k=2, fetch_k=8, lambda_mult=0.0)
+    similar = own.invoke(q)
+    own.search_type = "mmr"
+    diverse = own.invoke(q)
+    assert diverse != similar  # the change shows in plain, so the comparison below means something
+    assert fast.invoke(q) == diverse
+    assert "vector_search" in {p.op.value for p in fast.trace(q)}

@@ -124,7 +124,7 @@ class SubPlans:
     def plan(self, runnable: Any, layout: InputLayout) -> ExecutionPlan:
         key = (id(runnable), layout)
         known = self._plans.get(key)
-        if known is not None:
+        if known is not None and not known.trace.stale:
             plan = known.current(self.runtime, self.passes, self.disabled, self)
             return plan if plan is known else self._plans.put(key, plan, keep=runnable)
         trace = trace_runnable(runnable, layout, planner=self, engine_models=self.engine_models)
@@ -149,7 +149,8 @@ class SubPlans:
         expanding component's run (``tag``: the one the sub-chain's run carries there)."""
         layout = InputLayout.of(input)
         known = self._plans.get((id(runnable), layout))
-        plan = known if known is not None else await asyncio.to_thread(self.plan, runnable, layout)
+        plan = known if known is not None and not known.trace.stale else await asyncio.to_thread(
+            self.plan, runnable, layout)
         await self.runtime.provide(plan.trace.engines)
         config = ensure_config()  # the expanding component's run's child config
         observer = None

@@ -98,7 +98,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _plan_for(self, layout: InputLayout) -> ExecutionPlan:
         with self._lock:
             plan = self._plans.get(layout)
-            if plan is None:
+            if plan is None or plan.trace.stale:  # new layout, or a component's settings changed
                 sub = self._sub_planner()
                 trace = trace_runnable(self.chain, layout, planner=sub, engine_models=sub.engine_models)
                 plan = ExecutionPlan.build(trace, self.passes, self.disabled, self.teola_runtime(), self.cost_model,
@@ -108,6 +108,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                 plan = self._plans.put(layout, plan.current(self.teola_runtime(), self.passes, self.disabled,
                                                             self._sub_planner()))
             return plan
+
+    def _known_plan(self, layout: InputLayout) -> ExecutionPlan | None:
+        """The plan kept for ``layout`` if it still fits the chain's components (a map read,
+        without the tracing lock)."""
+        plan = self._plans.get(layout)
+        return plan if plan is not None and not plan.trace.stale else None
 
     def _sub_planner(self) -> SubPlans:
         """Plans for what ``RunnableEach`` / ``RunnableBranch`` decide at run time (called under the lock)."""
@@ -219,7 +225,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     async def _aplan(self, input: Any) -> ExecutionPlan:
         """``_plan`` without blocking the caller's event loop: a known plan is a map read (not
         the tracing lock), a new one is traced on a thread (tracing imports and inspects code)."""
-        plan = self._plans.get(InputLayout.of(input))
+        plan = self._known_plan(InputLayout.of(input))
         return plan if plan is not None else await asyncio.to_thread(self._plan, input)
 
     async def _aruns_as_is(self, input: Any, streaming: bool = False) -> bool:
@@ -309,7 +315,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return context
 
     async def _aplan_or_none(self, input: Any) -> ExecutionPlan | None:
-        known = self._plans.get(InputLayout.of(input))
+        known = self._known_plan(InputLayout.of(input))
         return known if known is not None else await asyncio.to_thread(self._traced_or_none, InputLayout.of(input))
 
     def _bound_config(self, config: RunnableConfig | None) -> RunnableConfig | None:

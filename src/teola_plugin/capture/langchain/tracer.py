@@ -39,6 +39,7 @@ from ..common import ComponentNote, NotLowerable, Trace
 from ..module_order import ModuleOrder
 from ..opaque_warnings import OpaqueWarnings
 from ..vllm_identity import ServedModel
+from .component_state import ComponentState
 from .run_scopes import RunScopeBuilder, RunScopes
 from .step_runs import render_unreported, step_config
 from .values import ChatReply, Kind, PendingPrompt, Record, Traced, Value
@@ -138,6 +139,12 @@ class LangChainTrace(Trace):
     # streams more (tool-call chunks), so a streamed call runs the chain as it is.
     streams_text: bool = True
     runs: RunScopes = field(default_factory=RunScopes)  # the callback run tree plain would report
+    state: ComponentState = field(default_factory=ComponentState)  # the components' settings it was traced with
+
+    @property
+    def stale(self) -> bool:
+        """Has a traced component's setting changed since (then this trace may not be plain's)?"""
+        return not self.state.unchanged()
 
     def feed(self, input: Any) -> dict[str, Any]:
         """The graph's inputs for one call: the input's fields, and a handle per served store."""
@@ -207,6 +214,7 @@ class LangChainTracer:
         self.streams_text = True  # every lowered call streams as its model does (see LangChainTrace)
         self._materialised: dict[int, tuple[Value, Ref]] = {}
         self.runs = RunScopeBuilder()  # the callback run tree plain reports (run_scopes.py)
+        self.components: list[Any] = []  # every component lowered (or run opaque), for ComponentState
 
     def step_tag_of(self, component: Any) -> str | None:
         """The tag ``component``'s run carries (``seq:step:N``, ``map:key:K``; ``step_runs.py``).
@@ -259,6 +267,7 @@ class LangChainTracer:
         """Lower ``runnable`` applied to ``value``; ``tag``: the one its run carries in plain
         (``seq:step:N`` as a sequence's step, ``map:key:K`` as a parallel's branch)."""
         mark = self.graph.mark()
+        self.components.append(runnable)
         frame = self.runs.enter(runnable, tag, mark)
         rule = rule_for(type(runnable))
         try:
@@ -378,7 +387,7 @@ class LangChainTracer:
         self.graph.output("output", self.materialise(value))
         self.graph.validate()
         return LangChainTrace(self.graph, layout, shape, dict(self.stores), self.streams_text, self.runs.scopes,
-                              notes=list(self.notes), engines=self.engines)
+                              ComponentState(self.components), notes=list(self.notes), engines=self.engines)
 
 
 def _streams(value: Value) -> OutputShape:
