@@ -482,9 +482,22 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     sent_plain = recording_proxy.take()
     streamed = executor.query(engine, QUESTIONS[1])
     tokens = list(streamed.response_gen)
-    assert type(streamed) is type(plain) and "".join(tokens) == "".join(plain_tokens) and len(tokens) > 1
+    # token for token: one per chunk of the server's, its empty role chunk first, no token of Teola's own
+    assert type(streamed) is type(plain) and tokens == plain_tokens and len(tokens) > 1 and plain_tokens[0] == ""
     assert [n.node.node_id for n in streamed.source_nodes] == [n.node.node_id for n in plain.source_nodes]
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+    async def async_tokens(query) -> list[str]:
+        return [t async for t in (await query(engine, QUESTIONS[1])).async_response_gen()]
+
+    assert asyncio.run(async_tokens(executor.aquery)) == asyncio.run(async_tokens(lambda e, q: e.aquery(q))) \
+        == plain_tokens
+    recording_proxy.take()
+    completion = squad_index.as_query_engine(llm=openai_like(recording_proxy.base_url, is_chat_model=False,
+                                                             context_window=2048), similarity_top_k=2, streaming=True)
+    plain_tokens = list(completion.query(QUESTIONS[1]).response_gen)
+    assert list(executor.query(completion, QUESTIONS[1]).response_gen) == plain_tokens and len(plain_tokens) > 1
+    recording_proxy.take()
 
     # a streaming refine streams every call, the steps it reads itself too: plain's requests
     refine = squad_index.as_query_engine(llm=llm.model_copy(update={"max_tokens": 12}), similarity_top_k=2,

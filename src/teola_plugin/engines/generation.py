@@ -40,6 +40,10 @@ class GenerationDelta:
     finished: bool
     finish_reason: str | None = None
     response: Any = None  # on the last delta of a served model's request: the server's reply
+    stream_end: bool = False
+    """Only says that a served stream ended (no chunk of the server's): it carries no token.
+    Every other delta of a served stream is one chunk, as the framework's client yields one
+    response per chunk, empty ones included."""
 
 
 @dataclass(frozen=True)

@@ -193,12 +193,11 @@ class OpenAICompatibleEngine(LLMEngine):
             return
         produced, received = 0, []
         async with contextlib.aclosing(_chunk_deltas(rid, await self._create(body, rid))) as deltas:
-            async for delta in deltas:
+            async for delta in deltas:  # every chunk, its role-only and usage-only ones too
                 received.append(delta.response)
                 produced = delta.num_generated_tokens
-                if delta.text or delta.finish_reason:
-                    yield replace(delta, response=None)
-        yield GenerationDelta(rid, "", produced, True, None, tuple(received))
+                yield replace(delta, response=None)
+        yield GenerationDelta(rid, "", produced, True, None, tuple(received), stream_end=True)
 
     async def relay(self, request: Mapping[str, Any], request_id: str | None = None,
                     priority: Any = None) -> AsyncIterator[GenerationDelta]:
