@@ -125,6 +125,31 @@ def test_an_app_that_ends_while_its_executor_starts_exits_at_once_without_error(
     assert time.monotonic() - began < 120
 
 
+def test_an_app_that_ends_while_an_engine_actor_starts_says_nothing_of_it():
+    """Ray is up, the embedder's actor still loading its model, and the app is done: the
+    runtime's shutdown stops that start, which is no news (it was logged as a WARNING that
+    the engine "did not start")."""
+    import subprocess
+    import sys
+
+    app = ("import asyncio, logging\n"
+           "logging.basicConfig(level=logging.WARNING)  # an app that shows warnings\n"
+           "from teola_plugin.runtime import hosting\n"
+           "start = hosting.ReplicaPool.start  # the actor's start made slow: the app ends during it\n"
+           "async def slow_start(pool):\n"
+           "    await asyncio.sleep(60)\n"
+           "    await start(pool)\n"
+           "hosting.ReplicaPool.start = slow_start\n" + APP_WITH_EXECUTOR +
+           "import ray, time\n"
+           "while not ray.is_initialized():\n"
+           "    time.sleep(0.05)\n"
+           "time.sleep(1)\n"
+           "print('ended', flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ended" in r.stdout, r.stderr[-3000:]
+    assert "did not start" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 def test_ray_started_in_the_background_outlives_the_thread_that_started_it():
     """Ray's processes die with the thread that started them: a background start's thread
     ends at once, yet the app's queries keep working, and an exception still ends the app at

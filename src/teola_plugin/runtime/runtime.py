@@ -317,7 +317,10 @@ class Runtime:
             await asyncio.wait({starting}, timeout=5)
             # Not placed, failed, or nobody waits any more: stop the replicas (a pending Ray
             # actor would otherwise be placed later and hold its resources for nothing).
-            log.warning("engine %s did not start (%s); stopping its replicas", name, type(exc).__name__)
+            # an app that ended while its engines were still starting is no news
+            quiet = self._closed and isinstance(exc, asyncio.CancelledError)
+            (log.debug if quiet else log.warning)("engine %s did not start (%s); stopping its replicas",
+                                                  name, type(exc).__name__)
             await pool.discard()
             raise
         self._pools[name] = pool
