@@ -4,11 +4,17 @@ in test_langchain*.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from langchain_classic.retrievers.multi_query import LineListOutputParser
 from langchain_community.llms import VLLM
-from langchain_core.output_parsers import JsonOutputParser, StrOutputParser
+from langchain_core.messages import AIMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser, StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnableLambda
+from pydantic import BaseModel
 
 from teola_plugin.capture.langchain import InputLayout, trace_runnable
 from teola_plugin.langchain import TeolaLLM
@@ -34,13 +40,44 @@ def test_bound_stop_becomes_the_calls_sampling_parameter_and_other_kwargs_stay_o
     assert any("logprobs" in r for r in reasons.values())
 
 
-def test_parser_subclasses_run_unchanged():
+def parse_step(chain):
+    """The lowered parse step of ``chain``'s trace: a function of the reply message."""
+    trace = trace_runnable(chain, LAYOUT)
+    assert not trace.opaque, trace.opaque
+    (step,) = [p for p in trace.graph if p.name.startswith("parse")]
+    return lambda message: asyncio.run(step.attrs["fn"](message=message))
+
+
+def test_any_parser_that_keeps_invoke_is_lowered_and_computes_what_its_invoke_does():
+    """The parse step makes plain's ``parse_result([ChatGeneration(message)])`` call: a
+    subclass's own ``parse_result``, a Pydantic parser's validation, the refusal check."""
     class Lenient(JsonOutputParser):
         def parse_result(self, result, *, partial=False):
             return {"raw": result[0].text}
 
-    assert opaque_reasons(PROMPT | llm() | Lenient()) == {"Lenient": "no lowering rule for Lenient"}
-    assert opaque_reasons(PROMPT | llm() | JsonOutputParser()) == {}
+    class Answer(BaseModel):
+        name: str
+
+    reply = AIMessage(content='```json\n{"name": "Paris"}\n```')
+    refused = AIMessage(content="", additional_kwargs={"refusal": "I cannot answer that."})
+    for parser in (Lenient(), PydanticOutputParser(pydantic_object=Answer), JsonOutputParser()):
+        step = parse_step(PROMPT | llm() | parser)
+        assert step(reply) == parser.invoke(reply)
+        for bad in (refused, AIMessage(content="not json")):
+            try:
+                expected = parser.invoke(bad)
+            except Exception as exc:  # noqa: BLE001 - the parser's own error, whatever it is
+                with pytest.raises(type(exc)):
+                    step(bad)
+            else:
+                assert step(bad) == expected
+    assert parse_step(PROMPT | llm() | PydanticOutputParser(pydantic_object=Answer))(reply) == Answer(name="Paris")
+
+    class OwnInvoke(JsonOutputParser):
+        def invoke(self, input, config=None, **kwargs):
+            return "mine"
+
+    assert opaque_reasons(PROMPT | llm() | OwnInvoke()) == {"OwnInvoke": "OwnInvoke overrides invoke: its own runs"}
 
     class Stripped(StrOutputParser):  # StrOutputParser's rule matches subclasses: it must not skip this parse
         def parse(self, text):
@@ -155,3 +192,16 @@ def test_a_trace_goes_stale_when_a_traced_components_setting_changes():
     llm_trace = trace_runnable(PROMPT | llm(), LAYOUT)
     llm_trace.graph  # reading the trace changes nothing
     assert not llm_trace.stale
+
+
+def test_pick_of_a_known_key_is_the_field_itself():
+    from langchain_core.runnables import RunnableParallel
+
+    both = RunnableParallel(answer=PROMPT | llm() | StrOutputParser(), question=RunnableLambda(lambda x: x["question"]))
+    trace = trace_runnable(both.pick("answer"), LAYOUT)
+    assert not [o for o in trace.opaque if o.component.startswith("RunnablePick")]
+    (decode,) = [p for p in trace.graph if p.op.value == "llm_decode"]
+    assert trace.output.tokens_from == decode.name and trace.output.fields is None  # the answer streams as the output
+    assert opaque_reasons(both.pick(["answer", "question"]))["RunnablePick<answer,question>"] == \
+        "it picks several keys (into an AddableDict)"
+    assert "RunnablePick<missing>" in opaque_reasons(both.pick("missing"))

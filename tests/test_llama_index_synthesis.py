@@ -49,7 +49,8 @@ def multiset(prompts):
     return sorted(map(repr, prompts))
 
 
-@pytest.mark.parametrize("mode,use_async", [("tree_summarize", False), ("accumulate", True)])
+@pytest.mark.parametrize("mode,use_async", [("tree_summarize", False), ("accumulate", True),
+                                            ("compact_accumulate", False)])
 def test_same_calls_nodes_and_answer_as_plain_llamaindex(runtime, index, llm, executor, mode, use_async):
     query_engine = engine(index, llm, mode, use_async)
     question = QUESTIONS[0]
@@ -61,11 +62,14 @@ def test_same_calls_nodes_and_answer_as_plain_llamaindex(runtime, index, llm, ex
         assert len(sent_plain) >= 3 and len(sent_teola) == len(sent_plain)  # >= two first-level calls + final
         first_level = slice(0, len(sent_plain) - 1)
         assert multiset(sent_teola[first_level]) == multiset(sent_plain[first_level])
-    else:
+    elif mode == "accumulate":
         assert len(sent_plain) == 4  # one call per node (each fits the window)
         assert multiset(sent_teola) == multiset(sent_plain)
+    else:  # the nodes packed into fewer texts first, one call per packed text
+        assert 2 <= len(sent_plain) < 4 and multiset(sent_teola) == multiset(sent_plain)
+    assert not executor.traced(query_engine).opaque
     assert ids(teola.source_nodes) == ids(plain.source_nodes) and teola.metadata == plain.metadata
-    if mode == "accumulate":  # Accumulate's own format: one numbered answer per call, in node order
+    if mode != "tree_summarize":  # Accumulate's own format: one numbered answer per call, in node order
         assert teola.response.count("Response ") == len(sent_plain) == plain.response.count("Response ")
         assert teola.response.startswith("Response 1: ")
 
@@ -112,6 +116,24 @@ def test_streaming_tree_summarize_streams_the_final_call(runtime, index, llm, ex
     assert len(sent_teola) == len(sent_plain) >= 3
     assert multiset(sent_teola[first_level]) == multiset(sent_plain[first_level])
     assert len(tokens) > 1 and plain_text  # the final call streamed, token by token
+
+
+def test_generation_answers_from_the_query_alone_as_plain(runtime, index, llm, executor):
+    """``response_mode="generation"``: one call of the query alone (the nodes only its
+    sources), lowered, streaming too."""
+    question = QUESTIONS[2]
+    for streaming in (False, True):
+        query_engine = engine(index, llm, "generation", False, streaming=streaming)
+        assert not executor.traced(query_engine).opaque
+        with plain_prompts() as sent_plain:
+            plain = query_engine.query(question)
+            plain_text = "".join(plain.response_gen) if streaming else plain.response
+        with teola_prompts(runtime) as sent_teola:
+            teola = executor.query(query_engine, question)
+            tokens = list(teola.response_gen) if streaming else [teola.response]
+        assert len(sent_plain) == 1 and sent_teola == sent_plain and question in repr(sent_plain[0])
+        assert type(teola) is type(plain) and "".join(tokens) == plain_text and plain_text
+        assert ids(teola.source_nodes) == ids(plain.source_nodes)
 
 
 def test_streaming_accumulate_fails_as_in_llamaindex(index, llm, executor):

@@ -10,7 +10,7 @@
 * Node postprocessors that are plain functions of (nodes, query): the framework's own
   ``postprocess_nodes`` as a pure CPU step.
 * ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` / ``TreeSummarize`` /
-  ``Accumulate`` with a TeolaLLM: a run-time
+  ``Accumulate`` / ``CompactAndAccumulate`` / ``Generation`` with a TeolaLLM: a run-time
   expansion into LLM-call chains (``llama_index_synthesis``). A streaming synthesizer runs
   after the graph (which then outputs the nodes), so the response can stream.
 """
@@ -27,13 +27,7 @@ from llama_index.core.postprocessor import (
 )
 from llama_index.core.query_engine.citation_query_engine import CitationQueryEngine
 from llama_index.core.query_engine.retriever_query_engine import RetrieverQueryEngine
-from llama_index.core.response_synthesizers import (
-    Accumulate,
-    CompactAndRefine,
-    Refine,
-    SimpleSummarize,
-    TreeSummarize,
-)
+from llama_index.core.response_synthesizers import Accumulate
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
 from ..engines.llama_index_store import LlamaIndexStoreEngine
@@ -54,7 +48,7 @@ from .llama_index import (
 )
 from .llama_index_ingest import join_pending
 from .llama_index_models import llm_call_spec
-from .llama_index_synthesis import SynthesisPlanner
+from .llama_index_synthesis import LLM_SYNTHESIZERS, SynthesisPlanner
 from .lowerable import LowerableLLM
 
 # Stores whose query result depends on the query embedding alone in the default mode: the
@@ -138,7 +132,7 @@ def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref
                        {"nodes": nodes, "query": tr.query}, type(postprocessor).__name__)
 
 
-@lowering_rule(SYNTHESIZER_RULES, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
+@lowering_rule(SYNTHESIZER_RULES, *LLM_SYNTHESIZERS)
 def lower_llm_synthesizer(tr: LlamaIndexTracer, synthesizer: Any, nodes: Ref) -> Ref | None:
     planner = synthesis_planner(tr.ctx, synthesizer, tr.traced.engines)
     if planner.streaming:  # tokens reach the caller after the graph returned the nodes

@@ -14,7 +14,8 @@ Tree summarize packs the texts (``repack``, as ``TreeSummarize.get_response``); 
 chunk is the final call, several are independent calls (one graph level, so their prefills
 can share an engine batch) followed by a step that expands the next level over their
 summaries. Accumulate's calls (one per repacked chunk of each node) are all independent;
-its own ``_format_response`` joins them. LlamaIndex's ``use_async`` only changes how it
+its own ``_format_response`` joins them (``CompactAndAccumulate`` repacks the texts first, as
+its own ``get_response``). ``Generation`` makes one call from the query alone. LlamaIndex's ``use_async`` only changes how it
 awaits these calls, never which calls or their results, so both settings plan the same.
 Streaming synthesizers stream the final call's tokens (graph output ``stream``); the
 executor then builds the ``StreamingResponse`` itself.
@@ -29,7 +30,10 @@ from typing import Any
 
 from llama_index.core.base.response.schema import Response
 from llama_index.core.prompts.prompt_utils import get_biggest_prompt
-from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, SimpleSummarize, TreeSummarize
+from llama_index.core.response_synthesizers import (Accumulate, CompactAndRefine, Generation, Refine,
+                                                    SimpleSummarize, TreeSummarize)
+from llama_index.core.response_synthesizers.compact_and_accumulate import CompactAndAccumulate
+from llama_index.core.utils import temp_set_attrs
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ..ir.graph import PGraph
@@ -44,6 +48,9 @@ from .lowerable import LLMCallSpec
 from .prompt_parts import marked_parts
 
 EMPTY = "Empty Response"  # what LlamaIndex answers when the LLM says nothing
+# the synthesizers whose LLM calls SynthesisPlanner plans (exact types: a subclass may override them)
+LLM_SYNTHESIZERS = (CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate, CompactAndAccumulate,
+                    Generation)
 
 
 CONTEXT_TOKENS_GUESS = 512  # the retrieved text a first call's prompt holds (cost model only)
@@ -68,6 +75,8 @@ class SynthesisPlanner:
         if isinstance(self.synthesizer, Accumulate):
             return ("expands at run time into independent prompt -> llm_prefill -> llm_decode chains, "
                     "one per repacked chunk of each node, joined by Accumulate's own formatting")
+        if isinstance(self.synthesizer, Generation):
+            return "expands at run time into one prompt -> llm_prefill -> llm_decode chain of the query alone"
         return ("expands at run time into one prompt -> llm_prefill -> llm_decode chain per packed chunk, "
                 "in sequence (each refine prompt holds the previous answer)")
 
@@ -87,6 +96,8 @@ class SynthesisPlanner:
         ``query`` (known first) and ``nodes`` (retrieved), so the pass can warm what comes
         before the nodes' text while retrieval runs. None when marks do not describe it."""
         synth, spec = self.synthesizer, self.spec
+        if isinstance(synth, Generation):
+            return None  # its prompt holds no retrieved text
         template = synth._summary_template if isinstance(synth, TreeSummarize) else synth._text_qa_template
 
         def render(query: Any, nodes: str) -> Any:
@@ -130,6 +141,8 @@ class SynthesisPlanner:
             answer = TreeLevels(self, query_str).build(graph, texts)
         elif isinstance(synth, Accumulate):
             answer = self._accumulate(graph, query_str, texts)
+        elif isinstance(synth, Generation):
+            answer = self._generation(graph, query_str)
         else:
             chunks = synth._make_compact_text_chunks(query_str, texts) if isinstance(synth, CompactAndRefine) else texts
             answer = RefineLoop(self, query_str, chunks).build(graph, None)
@@ -150,11 +163,24 @@ class SynthesisPlanner:
         return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
 
 
+    def _generation(self, graph: PGraph, query_str: str) -> Ref:
+        """``Generation.get_response``: ``predict`` (or ``stream``) of its input prompt with
+        the query, the retrieved text unused; the answer as the LLM returns it."""
+        synth = self.synthesizer
+        text = self.llm_call(graph, synth._input_prompt, {"query_str": query_str}, type(synth).__name__)
+        if self.streaming:
+            graph.output("stream", text)
+        return text
+
     def _accumulate(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
-        """``Accumulate.get_response``: every call independent, joined by its own code."""
+        """``Accumulate.get_response``: every call independent, joined by its own code
+        (``CompactAndAccumulate``: over the texts repacked first, as its own)."""
         synth = self.synthesizer
         origin = type(synth).__name__
         template = synth._text_qa_template.partial_format(query_str=query_str)
+        if isinstance(synth, CompactAndAccumulate):
+            with temp_set_attrs(synth._prompt_helper):
+                texts = synth._prompt_helper.repack(template, texts, llm=self.llm)
         answers = [self.llm_call(graph, template, synth._make_prompt_kwargs(packed), origin)
                    for chunk in texts
                    for packed in synth._prompt_helper.repack(template, [chunk], llm=self.llm)]

@@ -4,7 +4,7 @@ LlamaIndex has no executor setting; ``Settings`` is a plain object, so ``Setting
 TeolaExecutor()`` only stores the executor. :func:`install` wraps four methods once —
 ``BaseQueryEngine.query`` / ``aquery`` and ``BaseRetriever.retrieve`` / ``aretrieve`` — so each
 call checks the setting: a TeolaExecutor runs it, anything else (``None``) runs the original.
-The five LLM synthesizers' ``get_response`` / ``aget_response`` are wrapped too, so a
+The LLM synthesizers' ``get_response`` / ``aget_response`` are wrapped too, so a
 ``synthesize`` called by code that runs as it is (a chat engine) has its LLM calls planned
 and run by the executor. It also wraps ``VectorStoreIndex._(a)get_node_with_embedding``
 (the embedding step of ``from_documents`` / ``insert`` / ``insert_nodes``), which the
@@ -34,11 +34,11 @@ from typing import Any
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.indices.vector_store.base import VectorStoreIndex
-from llama_index.core.response_synthesizers import Accumulate, CompactAndRefine, Refine, SimpleSummarize, TreeSummarize
 from llama_index.core.settings import Settings
 
 from .. import served_calls
 from ..capture.llama_index import in_passthrough
+from ..capture.llama_index_synthesis import LLM_SYNTHESIZERS
 from ..runtime import app_runs
 from . import ingest_hooks, workflow_runs
 from .executor import TeolaExecutor, running_executor
@@ -154,8 +154,6 @@ def _route_answer_async(cls: type) -> Callable[[Callable[..., Any], Callable[...
     return wrap
 
 
-_SYNTHESIZERS = (CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Accumulate)
-
 # The executor's entry points run inside LlamaIndex's own instrumentation (span, query /
 # retrieval events, callback trace), as the methods they replace would.
 _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[..., Any]], ...] = (
@@ -165,8 +163,8 @@ _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[...,
     (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
     (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
     (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
-    *((cls, "get_response", _route_answer(cls), TeolaExecutor.answer) for cls in _SYNTHESIZERS),
-    *((cls, "aget_response", _route_answer_async(cls), TeolaExecutor.aanswer) for cls in _SYNTHESIZERS),
+    *((cls, "get_response", _route_answer(cls), TeolaExecutor.answer) for cls in LLM_SYNTHESIZERS),
+    *((cls, "aget_response", _route_answer_async(cls), TeolaExecutor.aanswer) for cls in LLM_SYNTHESIZERS),
 )
 
 

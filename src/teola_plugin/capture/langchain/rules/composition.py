@@ -1,4 +1,4 @@
-"""LCEL composition: sequences, parallels / dict literals, passthrough, assign, lambdas, parsers.
+"""LCEL composition: sequences, parallels / dict literals, passthrough, assign, pick, lambdas, parsers.
 
 These emit no engine work; they route symbolic values (a dict literal stays a ``Record``
 until something needs the dict itself), so the LLM and retrieval primitives they connect
@@ -12,7 +12,7 @@ from typing import Any
 
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough, RunnableSequence
-from langchain_core.runnables.passthrough import RunnableAssign
+from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 
 from ..step_runs import step_tag
 from ..tracer import NotLowerable, LangChainTracer, lowering
@@ -58,6 +58,16 @@ def _itemgetter_key(func: Any) -> str | None:
         if len(args) == 1 and isinstance(args[0], str):
             return args[0]
     return None
+
+
+@lowering(RunnablePick)
+def lower_pick(t: LangChainTracer, pick: RunnablePick, value: Value) -> Value:
+    """``.pick("key")``: that field of a dict whose keys are known while tracing."""
+    if not isinstance(pick.keys, str):
+        raise NotLowerable("it picks several keys (into an AddableDict)")
+    if not isinstance(value, Record) or pick.keys not in value.as_dict():
+        raise NotLowerable(f"input is not a dict known to hold {pick.keys!r} while tracing")
+    return value.as_dict()[pick.keys]
 
 
 @lowering(RunnableLambda)

@@ -1,12 +1,12 @@
-"""Output parsers (JSON, lists) as pure CPU primitives that call the parser's own ``parse``.
+"""Output parsers as pure CPU primitives that compute what the parser's own ``invoke`` does.
 
-On a str or a chat reply, ``parser.invoke`` is ``parse_result([Generation(text)])``,
-which for these exact classes is ``parse(text)``: so the primitive reads the decoded text
-directly (no ``AIMessage`` is built) and returns what the parser returns, raising its own
-``OutputParserException`` on bad output. When the caller's callbacks listen, it calls the
-parser's own ``invoke`` on that text, so the parser's run is reported as plain reports it.
-Subclasses may override ``parse_result`` and run unchanged; so do parsers whose input is not
-known to be text.
+``BaseOutputParser.invoke`` is ``parse_result([ChatGeneration(message)])`` on a message and
+``parse_result([Generation(text)])`` on a str: the step makes that very call, so any parser
+that keeps ``invoke`` (JSON, Pydantic, XML, list parsers, a user's subclass with its own
+``parse_result``) returns what it returns in plain LangChain, refusal checks and
+``OutputParserException`` included, without the run plain reports around it. When the
+caller's callbacks listen, the step calls the parser's own ``invoke``, so that run is
+reported as plain reports it. A parser that overrides ``invoke`` runs unchanged.
 
 The tool-call parsers (``JsonOutputToolsParser``, ``JsonOutputKeyToolsParser``,
 ``PydanticToolsParser``: what ``bind_tools`` chains and ``with_structured_output(...,
@@ -18,25 +18,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.output_parsers import (BaseOutputParser, CommaSeparatedListOutputParser, JsonOutputParser,
-                                           MarkdownListOutputParser, NumberedListOutputParser)
+from langchain_core.messages import BaseMessage
+from langchain_core.output_parsers import BaseOutputParser
 from langchain_core.output_parsers.openai_tools import (JsonOutputKeyToolsParser, JsonOutputToolsParser,
                                                         PydanticToolsParser)
+from langchain_core.outputs import ChatGeneration, Generation
 from langchain_core.runnables.config import ensure_config
 
 from ....ir.ops import Op
 from ....runtime.framework_threads import in_framework_thread
 from ..step_runs import step_config
 from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
-from ..values import ChatReply, Kind, Traced, Value
+from ..values import ChatReply, Traced, Value
 
-LOWERED: set[type] = {JsonOutputParser, CommaSeparatedListOutputParser, NumberedListOutputParser,
-                      MarkdownListOutputParser}
 try:  # MultiQueryRetriever's "one query per line" parser, also used for sub-questions
     from langchain_classic.retrievers.multi_query import LineListOutputParser
-    LOWERED.add(LineListOutputParser)
 except ImportError:  # langchain-classic is optional
     LineListOutputParser = None
+LIBRARIES = ("langchain_core.", "langchain_classic.", "langchain.", "langchain_community.")
 
 
 TOOL_CALL_PARSERS: set[type] = {JsonOutputToolsParser, JsonOutputKeyToolsParser, PydanticToolsParser}
@@ -46,21 +45,33 @@ TOOL_CALL_PARSERS: set[type] = {JsonOutputToolsParser, JsonOutputKeyToolsParser,
 def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
     if type(parser) in TOOL_CALL_PARSERS:
         return _lower_tool_call_parser(t, parser, value)
-    if type(parser) not in LOWERED:
-        raise NotLowerable(f"no lowering rule for {type(parser).__name__}")
+    own = type(parser)
+    if own.invoke is not BaseOutputParser.invoke or own.ainvoke is not BaseOutputParser.ainvoke:
+        raise NotLowerable(f"{type(parser).__name__} overrides invoke: its own runs")
+    # plain's parser run is given the reply message; a str or any other value as it is
+    # (``invoke`` then decides at run time, as in plain)
+    inputs = {"message": t.materialise(value)} if isinstance(value, ChatReply) else {"value": t.materialise(value)}
+    # a library's parser is a pure function of its input; a user's own may count or log
+    pure = own.__module__.startswith(LIBRARIES)
+    prim = t.add(Op.OPAQUE, name="parse", inputs=inputs, outputs=[OUT], origin=component_name(parser),
+                 attrs={"fn": _parse_step(t, parser, _plain_parse(parser)), "pure": pure})
     text = value.text if isinstance(value, ChatReply) else value
-    if not (isinstance(text, Traced) and text.kind is Kind.TEXT):
-        raise NotLowerable("input is not known to be a str or a chat reply")
-    name = component_name(parser)
-    inputs = {"text": text.ref}
-    if isinstance(value, ChatReply):  # what plain's parser run is given: the reply message
-        inputs["message"] = t.materialise(value)
-    prim = t.add(Op.OPAQUE, name="parse", inputs=inputs, outputs=[OUT], origin=name,
-                 attrs={"fn": _parse_step(t, parser, parser.parse), "pure": True})
-    source = text.tokens_from  # the decode this text is, if any: a `.map()` after it may pipeline
-    if type(parser) is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
-        return Traced(prim.out(OUT), lines_of=source)
+    source = text.tokens_from if isinstance(text, Traced) else None  # the decode this text is, if any
+    if own is LineListOutputParser and source in t.graph and t.graph[source].op is Op.LLM_DECODE:
+        return Traced(prim.out(OUT), lines_of=source)  # a `.map()` after it may pipeline
     return Traced(prim.out(OUT))
+
+
+def _plain_parse(parser: BaseOutputParser) -> Any:
+    """What ``BaseOutputParser.invoke`` computes, without the run it reports."""
+    parse_result = parser.parse_result
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, BaseMessage):
+            return parse_result([ChatGeneration(message=value)])
+        return parse_result([Generation(text=value)])
+
+    return parse
 
 
 def _lower_tool_call_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> Value:
@@ -80,10 +91,10 @@ def _parse_step(t: LangChainTracer, parser: BaseOutputParser, direct: Any) -> An
     given the reply message where there is one (plain's step is given the model's output)."""
     invoke, tag = parser.invoke, t.step_tag_of(parser)
 
-    async def parse(**inputs: Any) -> Any:  # the text, or the reply message, or both
-        value = inputs.get("text", inputs.get("message"))
+    async def parse(**inputs: Any) -> Any:  # the reply message, or the value
+        (value,) = inputs.values()
         if not ensure_config().get("callbacks"):
             return direct(value)
-        return await in_framework_thread(invoke, inputs.get("message", value), step_config(tag))
+        return await in_framework_thread(invoke, value, step_config(tag))
 
     return parse
