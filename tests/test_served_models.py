@@ -20,6 +20,7 @@ from llama_index.core import Document, Settings, VectorStoreIndex
 
 from teola_plugin import datasets
 from tests.fixtures_served import SERVED_NAME, docs_rag_chain, free_port
+from tests.test_served_calls import relayed
 from tests.test_llama_index import QUESTIONS, executor, plain_settings  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -175,6 +176,40 @@ def test_chat_openai_chain_returns_invokes_message(recording_proxy, runtime):
     recording_proxy.replay = True
     assert TeolaRunnable(text_chain, runtime=runtime).batch(inputs) == expected
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
+
+
+def test_a_model_configured_per_call_runs_as_it_is_with_each_calls_config(recording_proxy, runtime):
+    """``configurable_alternatives`` / ``configurable_fields``: the model is chosen by the
+    call's config, so it runs as it is (its request still relayed by Teola's served engine),
+    the parser after it lowered; each call sends the request plain sends for that config."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import ConfigurableField
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    def model(max_tokens: int) -> ChatOpenAI:
+        return ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                          max_tokens=max_tokens)
+
+    short = model(4).configurable_fields(max_tokens=ConfigurableField(id="max_tokens"))
+    chosen = short.configurable_alternatives(ConfigurableField(id="llm"), default_key="short", longer=model(12))
+    chain = ChatPromptTemplate.from_messages([("human", "{question}")]) | chosen | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    x = {"question": QUESTIONS[0]}
+    assert {o.component for o in fast._plan(x).trace.opaque} == {"RunnableConfigurableAlternatives"}
+    recording_proxy.take()
+    for configurable in ({}, {"llm": "longer"}, {"max_tokens": 7}):
+        config = {"configurable": configurable}
+        plain = chain.invoke(x, config)
+        sent_plain = recording_proxy.take()
+        before = relayed(runtime)
+        assert fast.invoke(x, config) == plain
+        assert relayed(runtime) - before == 1  # the model's own request, sent by Teola's served engine
+        sent = recording_proxy.take()
+        assert bodies(sent) == bodies(sent_plain)
+        assert sent_plain[0][1]["max_completion_tokens"] == {"llm": 12, "max_tokens": 7}.get(next(iter(configurable), ""), 4)
 
 
 def test_unreproducible_chat_openai_stays_opaque_with_the_reason(model_server, runtime):

@@ -17,6 +17,7 @@ from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 from ..step_runs import step_tag
 from ..tracer import NotLowerable, LangChainTracer, lowering
 from ..values import ChatReply, Kind, Record, Traced, Value
+from .parsers import lower_parser
 
 
 @lowering(RunnableSequence)
@@ -92,4 +93,4 @@ def lower_str_parser(t: LangChainTracer, parser: StrOutputParser, value: Value) 
         return value.text
     if isinstance(value, Traced) and value.kind is Kind.TEXT:
         return value  # the parser returns a str unchanged
-    raise NotLowerable("input is not known to be a str or a chat reply")
+    return lower_parser(t, parser, value)  # known at run time only: a step computing its invoke

@@ -1,4 +1,5 @@
-"""Runnables whose work is decided at run time: ``RunnableEach`` (``.map()``) and ``RunnableBranch``.
+"""Runnables whose work is decided at run time: ``RunnableEach`` (``.map()``) and ``RunnableBranch``
+(and ``configurable_fields`` / ``configurable_alternatives``, which run as they are).
 
 Both lower to one primitive that, when its input arrives, returns an ``Expansion``: the
 graph scheduler runs that sub-graph inside the same query. The sub-graphs come from the
@@ -27,6 +28,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableBranch
 from langchain_core.runnables.base import RunnableEachBase
+from langchain_core.runnables.configurable import DynamicRunnable
 
 from ....ir.graph import PGraph
 from ....ir.node import Ref
@@ -34,7 +36,7 @@ from ....ir.ops import Op
 from ....ir.expansion import Expansion
 from ....runtime.caller import as_the_caller_calls
 from ..step_runs import step_config
-from ..tracer import OUT, LangChainTracer, SubPlan, SubPlanner, component_name, lowering
+from ..tracer import OUT, LangChainTracer, NotLowerable, SubPlan, SubPlanner, component_name, lowering
 from ..values import Traced, Value
 
 RESULT = "output"  # the output of a sub-plan graph
@@ -139,3 +141,11 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
                         "expands_into": (*(runnable for _, runnable in cases), default)})
     # The chosen branch's final decode streams when this node's output is what streams.
     return Traced(prim.out(RESULT), tokens_from=prim.name)
+
+
+@lowering(DynamicRunnable)
+def decline_configurable(t: LangChainTracer, runnable: DynamicRunnable, value: Value) -> Value:
+    """``configurable_fields`` / ``configurable_alternatives``: what runs is chosen by each
+    call's ``config["configurable"]``, which a plan kept per input layout does not see."""
+    raise NotLowerable("configured per call (config['configurable']): runs as it is; its model-server "
+                       "calls still go through Teola's served engines")
