@@ -205,3 +205,19 @@ def test_pick_of_a_known_key_is_the_field_itself():
     assert opaque_reasons(both.pick(["answer", "question"]))["RunnablePick<answer,question>"] == \
         "it picks several keys (into an AddableDict)"
     assert "RunnablePick<missing>" in opaque_reasons(both.pick("missing"))
+
+
+def test_an_addable_dict_input_is_traced_by_its_keys_and_passed_on_as_one():
+    """What a stream accumulates (a TeolaRunnable behind ``.assign`` or message history) is
+    an ``AddableDict``: its keys are the graph's inputs, as a dict's are, and passed on whole
+    it is rebuilt as an ``AddableDict``, the object plain passes on."""
+    from langchain_core.runnables import RunnablePassthrough
+    from langchain_core.runnables.utils import AddableDict
+
+    given = AddableDict(question="q")
+    assert InputLayout.of(given).keys == ("question",) and InputLayout.of(given) != LAYOUT
+    assert not trace_runnable(PROMPT | llm(), InputLayout.of(given)).opaque
+    trace = trace_runnable(RunnablePassthrough() | RunnablePassthrough(), InputLayout.of(given))
+    (build,) = [p for p in trace.graph if p.name.startswith("dict")]
+    rebuilt = asyncio.run(build.attrs["fn"](question="q"))
+    assert type(rebuilt) is AddableDict and rebuilt == given

@@ -7,7 +7,9 @@
   becomes an ``embed`` primitive (batched with other queries); else it stays the model's
   own call, and the reason is noted.
 * ``SummaryIndexRetriever`` (``SummaryIndex.as_query_engine()``) returns every node of its
-  index: a CPU step calling its own ``retrieve``, not reported as opaque.
+  index, ``KeywordTableSimpleRetriever`` / ``KeywordTableRAKERetriever`` (a keyword table's
+  retrievers that extract keywords without an LLM) look them up in their table: a CPU step
+  calling its own ``retrieve``, not reported as opaque.
 * ``DocumentSummaryIndexEmbeddingRetriever`` (``DocumentSummaryIndex.as_query_engine()``):
   the query embedding on the embedder engine (as a vector retriever's), then its own
   ``_retrieve`` with that embedding (the summaries' search, each summary's document nodes).
@@ -23,6 +25,7 @@ import dataclasses
 from typing import Any
 
 from llama_index.core.indices.document_summary.retrievers import DocumentSummaryIndexEmbeddingRetriever
+from llama_index.core.indices.keyword_table.retrievers import KeywordTableRAKERetriever, KeywordTableSimpleRetriever
 from llama_index.core.indices.list.retrievers import SummaryIndexRetriever
 from llama_index.core.schema import QueryBundle
 
@@ -81,12 +84,12 @@ def _register_bm25() -> None:
 _register_bm25()
 
 
-@lowering_rule(RETRIEVER_RULES, SummaryIndexRetriever)
-def lower_summary_index_retriever(tr: LlamaIndexTracer, retriever: SummaryIndexRetriever) -> Ref:
-    """``SummaryIndexRetriever`` returns every node of its index, read from the docstore: no
-    engine work, so a CPU step calling its own ``retrieve`` (the synthesis after it is lowered
-    as any query engine's)."""
-    return tr.cpu_step("summary_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
+@lowering_rule(RETRIEVER_RULES, SummaryIndexRetriever, KeywordTableSimpleRetriever, KeywordTableRAKERetriever)
+def lower_cpu_index_retriever(tr: LlamaIndexTracer, retriever: Any) -> Ref:
+    """Retrievers that read their own index without a model (every node of a summary index,
+    a keyword table's lookup of regex / RAKE keywords): no engine work, so a CPU step calling
+    its own ``retrieve`` (the synthesis after it is lowered as any query engine's)."""
+    return tr.cpu_step("index_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
                        type(retriever).__name__, pure=False)
 
 

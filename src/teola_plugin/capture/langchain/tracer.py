@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from langchain_core.runnables.utils import AddableDict
+
 from ...engines.langchain_store import FrameworkVectorStoreEngine
 from ...ir.graph import PGraph
 from ...ir.node import INPUT, Primitive, Ref
@@ -70,6 +72,11 @@ def rule_for(cls: type) -> LoweringRule | None:
     return None
 
 
+# dict types whose keys become graph inputs: LangChain's AddableDict is what a streamed
+# dict accumulates into (a TeolaRunnable behind ``.assign`` or ``RunnableWithMessageHistory``)
+KEYED_INPUTS = (dict, AddableDict)
+
+
 @dataclass(frozen=True)
 class InputLayout:
     """How a call's input becomes graph inputs. A dict with string keys is one graph input
@@ -78,11 +85,12 @@ class InputLayout:
 
     keys: tuple[str, ...] | None
     text_keys: frozenset[str] = frozenset()  # inputs known to be str
+    mapping: type = dict  # the input's dict type: a dict, or the AddableDict a stream accumulates
 
     @classmethod
     def of(cls, value: Any) -> InputLayout:
-        if type(value) is dict and all(type(k) is str for k in value):
-            return cls(tuple(value), frozenset(k for k, v in value.items() if isinstance(v, str)))
+        if type(value) in KEYED_INPUTS and all(type(k) is str for k in value):
+            return cls(tuple(value), frozenset(k for k, v in value.items() if isinstance(v, str)), type(value))
         return cls(None, frozenset({"input"}) if isinstance(value, str) else frozenset())
 
     @classmethod
@@ -247,7 +255,7 @@ class LangChainTracer:
 
         if layout.keys is None:
             return declare("input")
-        return Record.of({key: declare(key) for key in layout.keys})
+        return Record.of({key: declare(key) for key in layout.keys}, layout.mapping)
 
     def store_input(self, store: Any) -> tuple[Ref, str]:
         """A graph input carrying the INDEX handle of the user's own vector store, and the
@@ -285,10 +293,11 @@ class LangChainTracer:
         self.runs.leave(frame, out, value, self.graph.added_since(mark))
         return out
 
-    def opaque_call(self, runnable: Any, value: Value, reason: str) -> Traced:
+    def opaque_call(self, runnable: Any, value: Value, reason: str, *, report: bool = True) -> Traced:
         """Run ``runnable.invoke`` (``ainvoke`` under an async call) unchanged on the
         materialised input. LangChain's config context (callbacks, tags) reaches it: the
-        runtime copies the caller's context."""
+        runtime copies the caller's context. ``report=False``: LangChain's own glue, no
+        engine work and not the user's to change, is not listed (nor warned of) as opaque."""
         ref = self.materialise(value)
         invoke, ainvoke, tag = runnable.invoke, runnable.ainvoke, self.step_tag_of(runnable)
         bound = self.bound_config_of(runnable)
@@ -299,7 +308,8 @@ class LangChainTracer:
         name = component_name(runnable)
         prim = self.add(Op.OPAQUE, name=_node_base(name), inputs={"input": ref},
                         attrs={"fn": call_unchanged}, origin=name, outputs=[OUT])
-        self.note_opaque(runnable, prim.name, reason)
+        if report:
+            self.note_opaque(runnable, prim.name, reason)
         return Traced(prim.out(OUT))
 
     def note_opaque(self, runnable: Any, node: str, reason: str) -> None:
@@ -326,11 +336,11 @@ class LangChainTracer:
         return ref
 
     def _build_dict(self, record: Record) -> Ref:
-        keys = tuple(k for k, _ in record.fields)
+        keys, mapping = tuple(k for k, _ in record.fields), record.mapping
         inputs = {k: self.materialise(v) for k, v in record.fields}
 
         async def build_dict(**fields: Any) -> Any:
-            return {k: fields[k] for k in keys}
+            return mapping({k: fields[k] for k in keys})
 
         prim = self.add(Op.OPAQUE, name="dict", inputs=inputs, outputs=[OUT],
                         attrs={"fn": build_dict, "pure": True}, origin="RunnableParallel")

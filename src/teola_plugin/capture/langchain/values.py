@@ -37,13 +37,15 @@ class Traced:
 
 @dataclass(frozen=True)
 class Record:
-    """A dict whose keys are known while tracing (insertion order kept)."""
+    """A dict whose keys are known while tracing (insertion order kept). ``mapping``: the
+    type it is built as (the call's input may be LangChain's ``AddableDict``)."""
 
     fields: tuple[tuple[str, Value], ...]
+    mapping: type = dict
 
     @classmethod
-    def of(cls, mapping: dict[str, Value]) -> Record:
-        return cls(tuple(mapping.items()))
+    def of(cls, mapping: dict[str, Value], built_as: type = dict) -> Record:
+        return cls(tuple(mapping.items()), built_as)
 
     def as_dict(self) -> dict[str, Value]:
         return dict(self.fields)

@@ -79,9 +79,10 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
     module = getattr(func, "__module__", None) or ""
     function = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
-    # whose function it is: LangChain's own glue (a helper's ``x["input"]``) is not the user's code
+    # whose function it is: LangChain's own glue (a helper's ``x["input"]``, a history read)
+    # does no engine work and is not the user's code: run as it is, not reported as opaque
     if module.split(".")[0] in ("langchain", "langchain_core", "langchain_classic", "langchain_community"):
-        raise NotLowerable(f"LangChain's own function ({function}): runs unchanged on the CPU (no engine work)")
+        return t.opaque_call(lam, value, f"LangChain's own function ({function})", report=False)
     raise NotLowerable(f"user function ({function}): runs unchanged on the CPU")
 
 
