@@ -18,6 +18,7 @@ identity and length.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,9 +59,17 @@ def _token(value: Any, depth: int = 0) -> Any:
 
 
 def _fields(component: Any) -> dict[str, Any]:
-    """A component's own settings: a pydantic model's fields, a plain object's attributes
-    (not pydantic's private attributes: runnables keep caches there, which change by use)."""
-    return getattr(component, "__dict__", {})
+    """A component's own settings: a pydantic model's declared fields, a plain object's
+    attributes; not what use caches beside them (a ``cached_property`` lands in ``__dict__``
+    at first use: a lambda's ``deps``, the ``_serialized`` form a callback run reads), nor
+    pydantic's private attributes."""
+    own = getattr(component, "__dict__", {})
+    declared = getattr(type(component), "model_fields", None)
+    if isinstance(declared, dict):
+        return {name: own[name] for name in declared if name in own}
+    cls = type(component)
+    return {name: value for name, value in own.items()
+            if not isinstance(getattr(cls, name, None), functools.cached_property)}
 
 
 class ComponentState:
@@ -73,7 +82,7 @@ class ComponentState:
 
     @staticmethod
     def _read(component: Any) -> dict[str, Any]:
-        return {name: _token(value) for name, value in list(_fields(component).items())}
+        return {name: _token(value) for name, value in _fields(component).items()}
 
     def changed(self) -> list[str]:
         """``Type.field`` of each setting that differs from the snapshot (empty: none)."""
