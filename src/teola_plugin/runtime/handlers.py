@@ -179,7 +179,7 @@ class PrimitiveHandlers:
             nonlocal text, emitted, response
             response = getattr(delta, "response", None) or response  # a served model's reply, at the end
             text += delta.text
-            if not delta.stream_end:  # a token per chunk, as the framework streams them
+            if not getattr(delta, "stream_end", False):  # a token per chunk, as the framework streams them
                 ctx.emit_token(delta.text)
             if listener is not None and delta.text:
                 listener(delta.text)
