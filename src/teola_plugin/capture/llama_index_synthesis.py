@@ -15,8 +15,9 @@ chunk is the final call, several are independent calls (one graph level, so thei
 can share an engine batch) followed by a step that expands the next level over their
 summaries. Accumulate's calls (one per repacked chunk of each node) are all independent;
 its own ``_format_response`` joins them (``CompactAndAccumulate`` repacks the texts first, as
-its own ``get_response``). ``Generation`` makes one call from the query alone. LlamaIndex's ``use_async`` only changes how it
-awaits these calls, never which calls or their results, so both settings plan the same.
+its own ``get_response``). ``Generation`` makes one call from the query alone. LlamaIndex's
+``use_async`` only changes how it awaits these calls, never which calls or their results, so
+both settings plan the same.
 Streaming synthesizers stream the final call's tokens (graph output ``stream``); the
 executor then builds the ``StreamingResponse`` itself.
 """
@@ -161,7 +162,6 @@ class SynthesisPlanner:
         if self.streaming:
             graph.output("stream", text)
         return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
-
 
     def _generation(self, graph: PGraph, query_str: str) -> Ref:
         """``Generation.get_response``: ``predict`` (or ``stream``) of its input prompt with

@@ -85,7 +85,7 @@ class InputLayout:
 
     keys: tuple[str, ...] | None
     text_keys: frozenset[str] = frozenset()  # inputs known to be str
-    mapping: type = dict  # the input's dict type: a dict, or the AddableDict a stream accumulates
+    dict_type: type = dict  # a dict, or the AddableDict a stream accumulates
 
     @classmethod
     def of(cls, value: Any) -> InputLayout:
@@ -255,7 +255,7 @@ class LangChainTracer:
 
         if layout.keys is None:
             return declare("input")
-        return Record.of({key: declare(key) for key in layout.keys}, layout.mapping)
+        return Record.of({key: declare(key) for key in layout.keys}, layout.dict_type)
 
     def store_input(self, store: Any) -> tuple[Ref, str]:
         """A graph input carrying the INDEX handle of the user's own vector store, and the
@@ -336,11 +336,11 @@ class LangChainTracer:
         return ref
 
     def _build_dict(self, record: Record) -> Ref:
-        keys, mapping = tuple(k for k, _ in record.fields), record.mapping
+        keys, dict_type = tuple(k for k, _ in record.fields), record.dict_type
         inputs = {k: self.materialise(v) for k, v in record.fields}
 
         async def build_dict(**fields: Any) -> Any:
-            return mapping({k: fields[k] for k in keys})
+            return dict_type({k: fields[k] for k in keys})
 
         prim = self.add(Op.OPAQUE, name="dict", inputs=inputs, outputs=[OUT],
                         attrs={"fn": build_dict, "pure": True}, origin="RunnableParallel")

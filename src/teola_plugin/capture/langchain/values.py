@@ -37,15 +37,15 @@ class Traced:
 
 @dataclass(frozen=True)
 class Record:
-    """A dict whose keys are known while tracing (insertion order kept). ``mapping``: the
+    """A dict whose keys are known while tracing (insertion order kept). ``dict_type``: the
     type it is built as (the call's input may be LangChain's ``AddableDict``)."""
 
     fields: tuple[tuple[str, Value], ...]
-    mapping: type = dict
+    dict_type: type = dict
 
     @classmethod
-    def of(cls, mapping: dict[str, Value], built_as: type = dict) -> Record:
-        return cls(tuple(mapping.items()), built_as)
+    def of(cls, mapping: dict[str, Value], dict_type: type = dict) -> Record:
+        return cls(tuple(mapping.items()), dict_type)
 
     def as_dict(self) -> dict[str, Value]:
         return dict(self.fields)
