@@ -195,7 +195,7 @@ def test_executor_raises_plain_llama_index_exception_types_for_bad_queries_and_s
     for name in calls:
         plain, teola = both(name, "")
         assert type(teola) is type(plain) is TypeError and str(teola) == str(plain), (name, plain, teola)
-        assert any("query_vector" in note for note in teola.__notes__)
+        assert any("retrieved_nodes" in note for note in teola.__notes__)
     nodes = executor.retrieve(retriever, "Which NFL team represented the AFC at Super Bowl 50?")
     assert len(nodes) == 2 and all(n.node.get_content() for n in nodes)
 

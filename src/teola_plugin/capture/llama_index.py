@@ -306,18 +306,12 @@ class LlamaIndexTracer:
             return None, {}, str(exc)
         return served, {"embed_text": embed_model.get_query_embedding}, ""
 
-    def lower_query_vector(self, embed_model: Any, origin: str,
-                           unembeddable: Callable[[Any], Any] | None = None) -> Ref:
-        """The query's one search vector, as ``VectorIndexRetriever._retrieve`` computes it:
+    def lower_query_vector(self, embed_model: Any, origin: str) -> Ref:
+        """The query's search vectors, as ``VectorIndexRetriever._retrieve`` computes its one:
         the caller's embedding if given, else the mean of the embedding strings' embeddings.
-        A query with neither (``""``) is ``unembeddable(query)``'s: plain searches without a
-        vector, and its store raises its own error."""
+        A query with neither (``""``) has none (``[]``): plain then searches without a vector,
+        so the caller runs its retriever's own search (see :func:`has_no_vector`)."""
         from llama_index.core.base.embeddings.base import mean_agg
-
-        def nothing_to_embed(query: Any) -> None:
-            if unembeddable is not None:
-                unembeddable(query)
-            raise ValueError(f"{origin}: the query has neither an embedding nor text to embed")
 
         engine, attrs, why = self.query_embedding(embed_model)
         if engine is not None:
@@ -327,20 +321,24 @@ class LlamaIndexTracer:
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
                 if query.embedding is not None:
                     return [query.embedding]
-                if not vectors:
-                    nothing_to_embed(query)
-                return [mean_agg([list(map(float, v)) for v in vectors])]
+                return [mean_agg([list(map(float, v)) for v in vectors])] if vectors else []
 
             return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": embed.out()}, origin)
 
         def embed_query(query: Any) -> list[Any]:
+            if has_no_vector(query):
+                return []
             if query.embedding is not None:
                 return [query.embedding]
-            if not query.embedding_strs:
-                nothing_to_embed(query)
             return [embed_model.get_agg_embedding_from_queries(query.embedding_strs)]
 
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
+
+
+def has_no_vector(query: Any) -> bool:
+    """A query with neither an embedding nor text to embed (``""``): plain's vector retriever
+    then searches its store without a vector (Chroma returns nodes, ``SimpleVectorStore`` raises)."""
+    return query.embedding is None and not query.embedding_strs
 
 
 _DECLINED = object()  # a rule's "no lowering" (a rule may itself return None)

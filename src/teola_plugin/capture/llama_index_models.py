@@ -98,10 +98,11 @@ def lower_document_summary_retriever(tr: LlamaIndexTracer, retriever: DocumentSu
     origin = type(retriever).__name__
     if not retriever._vector_store.is_embedding_query:
         raise NotLowerable(f"its vector store {type(retriever._vector_store).__name__} does not search by embedding")
-    vector = tr.lower_query_vector(retriever._embed_model, origin, retriever._retrieve)
+    vector = tr.lower_query_vector(retriever._embed_model, origin)
 
     def retrieve(query: QueryBundle, vector: list[Any]) -> list[Any]:
-        with_embedding = dataclasses.replace(query, embedding=vector[0])  # plain sets it on the query
+        # plain sets the embedding on the query; a query with no text is searched without one
+        with_embedding = dataclasses.replace(query, embedding=vector[0]) if vector else query
         return retriever._handle_recursive_retrieval(query, retriever._retrieve(with_embedding))
 
     return tr.cpu_step("summary_retrieve", retrieve, {"query": tr.query, "vector": vector}, origin, pure=False)

@@ -44,6 +44,7 @@ from .llama_index import (
     LlamaIndexTracer,
     NotLowerable,
     TraceContext,
+    has_no_vector,
     lowering_rule,
 )
 from .llama_index_ingest import join_pending
@@ -110,15 +111,16 @@ def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[
 def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> Ref:
     check_vector_retriever(retriever)
     origin = type(retriever).__name__
-    # plain's search without a query vector, for a query with no text: its store's own error
-    vectors = tr.lower_query_vector(retriever._embed_model, origin, retriever._get_nodes_with_embeddings)
+    vectors = tr.lower_query_vector(retriever._embed_model, origin)
     index, engine = store_index(tr, retriever)
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine,
                     attrs={"top_k": retriever.similarity_top_k, "est_items": 1}, origin=origin)
 
     def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
+        # a query with no text: plain's own search without a vector (its store's nodes or error)
+        found = retriever._get_nodes_with_embeddings(query) if has_no_vector(query) else hits[0]
         # BaseRetriever.retrieve's step after _retrieve: IndexNode objects, de-duplication.
-        return retriever._handle_recursive_retrieval(query, hits[0])
+        return retriever._handle_recursive_retrieval(query, found)
 
     return tr.cpu_step("retrieved_nodes", retrieved_nodes, {"query": tr.query, "hits": search.out()}, origin,
                        pure=not retriever.object_map)
