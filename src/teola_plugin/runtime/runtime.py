@@ -317,8 +317,9 @@ class Runtime:
             await asyncio.wait({starting}, timeout=5)
             # Not placed, failed, or nobody waits any more: stop the replicas (a pending Ray
             # actor would otherwise be placed later and hold its resources for nothing).
-            # an app that ended while its engines were still starting is no news
-            quiet = self._closed and isinstance(exc, asyncio.CancelledError)
+            # a start nobody waits for any more (the app ended, its query was cancelled or timed
+            # out and says so itself) is no news; the next query that needs the engine starts it
+            quiet = isinstance(exc, asyncio.CancelledError)
             (log.debug if quiet else log.warning)("engine %s did not start (%s); stopping its replicas",
                                                   name, type(exc).__name__)
             await pool.discard()
