@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
@@ -254,18 +255,20 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def invoke_graph(self, plan: ExecutionPlan | None, input: Any, config: RunnableConfig | None) -> Any:
         """One call as a graph run (``plan``: the input's, when known), its callback runs plain's."""
+        run = functools.partial(self._run, plan=plan)  # the plan found for it: not looked up again
         if self._reports_own_run(plan):
-            return self._own_run_context(config).run(self._run, input)
+            return self._own_run_context(config).run(run, input)
         if (retriever := root_retriever(self.chain)) is not None:
-            return in_retriever_run(retriever, self._run, input, self._bound_config(config))
-        return self._call_with_config(self._run, input, self._bound_config(config))
+            return in_retriever_run(retriever, run, input, self._bound_config(config))
+        return self._call_with_config(run, input, self._bound_config(config))
 
     async def ainvoke_graph(self, plan: ExecutionPlan | None, input: Any, config: RunnableConfig | None) -> Any:
+        run = functools.partial(self._arun, plan=plan)
         if self._reports_own_run(plan):
-            return await asyncio.create_task(self._arun(input), context=self._own_run_context(config))
+            return await asyncio.create_task(run(input), context=self._own_run_context(config))
         if (retriever := root_retriever(self.chain)) is not None:
-            return await ain_retriever_run(retriever, self._arun, input, self._bound_config(config))
-        return await self._acall_with_config(self._arun, input, self._bound_config(config))
+            return await ain_retriever_run(retriever, run, input, self._bound_config(config))
+        return await self._acall_with_config(run, input, self._bound_config(config))
 
     def graph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:
         """The plan ``invoke(input, config)`` runs as a graph; None when the chain runs as it
@@ -326,13 +329,15 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         own = {k: bound[k] for k in ("run_name", "tags", "metadata") if bound and bound.get(k)}
         return merge_configs(own, config) if own else config
 
-    def _run(self, input: Any) -> Any:
-        runtime, plan = self.teola_runtime(), self._plan(input)
+    def _run(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
+        """One graph run of ``input``; ``plan``: its plan when the caller has it (else traced
+        now, which raises what makes the chain untraceable)."""
+        runtime, plan = self.teola_runtime(), plan or self._plan(input)
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         return runtime.run_sync(calling_from(None, run))
 
-    async def _arun(self, input: Any) -> Any:
-        runtime, plan = self.teola_runtime(), await self._aplan(input)
+    async def _arun(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
+        runtime, plan = self.teola_runtime(), plan or await self._aplan(input)
         caller = asyncio.get_running_loop()
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         return await runtime.run_async(calling_from(caller, run))
