@@ -163,6 +163,14 @@ class LangChainTrace(Trace):
         return feed
 
 
+LANGCHAIN_PACKAGES = frozenset({"langchain", "langchain_core", "langchain_classic", "langchain_community"})
+
+
+def langchains_own(code: Any) -> bool:
+    """Is ``code`` (a function or class) LangChain's own, not the user's?"""
+    return (getattr(code, "__module__", None) or "").split(".")[0] in LANGCHAIN_PACKAGES
+
+
 def component_name(runnable: Any) -> str:
     get_name = getattr(runnable, "get_name", None)
     return get_name() if callable(get_name) else type(runnable).__name__

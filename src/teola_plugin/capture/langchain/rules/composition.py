@@ -15,7 +15,7 @@ from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnableP
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 
 from ..step_runs import step_tag
-from ..tracer import NotLowerable, LangChainTracer, lowering
+from ..tracer import NotLowerable, LangChainTracer, langchains_own, lowering
 from ..values import ChatReply, Kind, Record, Traced, Value
 from .parsers import lower_parser
 
@@ -77,11 +77,10 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
     func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
-    module = getattr(func, "__module__", None) or ""
-    function = f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+    function = f"{getattr(func, '__module__', None) or ''}.{getattr(func, '__qualname__', type(func).__name__)}"
     # whose function it is: LangChain's own glue (a helper's ``x["input"]``, a history read)
     # does no engine work and is not the user's code: run as it is, not reported as opaque
-    if module.split(".")[0] in ("langchain", "langchain_core", "langchain_classic", "langchain_community"):
+    if langchains_own(func):
         return t.opaque_call(lam, value, f"LangChain's own function ({function})", report=False)
     raise NotLowerable(f"user function ({function}): runs unchanged on the CPU")
 

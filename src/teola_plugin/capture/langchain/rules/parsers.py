@@ -28,14 +28,13 @@ from langchain_core.runnables.config import ensure_config
 from ....ir.ops import Op
 from ....runtime.framework_threads import in_framework_thread
 from ..step_runs import step_config
-from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
+from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, langchains_own, lowering
 from ..values import ChatReply, Traced, Value
 
 try:  # MultiQueryRetriever's "one query per line" parser, also used for sub-questions
     from langchain_classic.retrievers.multi_query import LineListOutputParser
 except ImportError:  # langchain-classic is optional
     LineListOutputParser = None
-LIBRARIES = ("langchain_core.", "langchain_classic.", "langchain.", "langchain_community.")
 
 
 TOOL_CALL_PARSERS: set[type] = {JsonOutputToolsParser, JsonOutputKeyToolsParser, PydanticToolsParser}
@@ -52,7 +51,7 @@ def lower_parser(t: LangChainTracer, parser: BaseOutputParser, value: Value) -> 
     # (``invoke`` then decides at run time, as in plain)
     inputs = {"message": t.materialise(value)} if isinstance(value, ChatReply) else {"value": t.materialise(value)}
     # a library's parser is a pure function of its input; a user's own may count or log
-    pure = own.__module__.startswith(LIBRARIES)
+    pure = langchains_own(own)
     prim = t.add(Op.OPAQUE, name="parse", inputs=inputs, outputs=[OUT], origin=component_name(parser),
                  attrs={"fn": _parse_step(t, parser, _plain_parse(parser)), "pure": pure})
     text = value.text if isinstance(value, ChatReply) else value
