@@ -109,3 +109,19 @@ def test_a_bound_teola_beats_by_far_is_not_judged():
     assert [line.endswith(": met.") for line in lines(0.95)] == [True, True]
     assert all(report.NO_LOWER_BOUND in line and "met" not in line.split(":")[-1] for line in lines(0.52))
     assert [line.endswith(": MISSED.") for line in lines(1.5)[:2]] == [True, True]
+
+
+def test_the_parallel_apps_target_says_when_the_bound_leaves_less_than_it():
+    """1.3x over plain-app is judged where the bound allows it; below, the line says it is out of
+    reach (with the bound's figure) but still holds teola-app to at least plain-app's speed."""
+    def line(mean: float, p99: float, ideal: float | None, name: str = "multihop") -> str:
+        app = {"systems": {}, "app_speedup": mean, "app_speedup_p99": p99, "ideal_speedup": ideal}
+        return report.targets({"apps": {name: app}})[0]
+
+    assert line(1.4, 1.2, 2.0).endswith(": met.")
+    assert line(1.1, 1.2, 2.0).endswith(": MISSED.")
+    out_of_reach = line(1.05, 1.02, 0.95)
+    assert "not reachable on this machine (the bound allows 0.95x" in out_of_reach and "MISSED" not in out_of_reach
+    assert line(0.97, 1.02, 0.95).endswith(": MISSED.")  # slower than plain-app is never excused
+    assert line(1.05, 0.9, 0.95).endswith(": MISSED.")
+    assert line(0.99, 1.0, None, name="search_gen").endswith(": MISSED.")  # 1.0x apps: no excuse either
