@@ -350,3 +350,22 @@ def test_the_runtime_embedder_runs_passes_of_the_profiles_best_size(runtime, cal
     best = CostModel.default().best_batch("embedder", "embed_pass")
     assert call(runtime.engines("embedder").call("describe"))["batch_size"] == best  # inside its Ray actor
     assert runtime.specs["embedder"].kwargs["batch_size"] == best
+
+
+def test_the_engine_processes_compute_at_the_apps_priority(runtime):
+    """Ray's raylet starts its workers at nice 15: engines there would yield their cores to
+    any other process on the host (the app's own model server, the driver's framework code).
+    The embedded runtime starts them at the driver's priority: every process under it, the
+    engine actors and vLLM's engine-core processes included, has the driver's niceness."""
+    import psutil
+
+    me = psutil.Process()
+    niceness = {}
+    for p in me.children(recursive=True):
+        try:
+            niceness[p.pid] = (p.name(), p.nice())
+        except psutil.NoSuchProcess:
+            continue
+    engines = [name for name, _ in niceness.values() if name.startswith(("ray::", "VLLM"))]
+    assert len(engines) >= 3, niceness  # the engine actors (vLLM, embedder, ...) and vLLM's own
+    assert {n for _, n in niceness.values()} == {me.nice()}, niceness

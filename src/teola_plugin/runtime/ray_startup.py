@@ -104,7 +104,11 @@ def connect_ray(ray_address: str | None) -> bool:
     else:
         # Embedded: a new local instance ("local": without it ray.init joins whatever
         # cluster `ray start` last left in /tmp/ray, someone else's included), no
-        # dashboard, sized to the machine, every process on loopback only.
+        # dashboard, sized to the machine, every process on loopback only. Its workers at
+        # the driver's priority: Ray's raylet starts them at nice 15, which suits tasks that
+        # should yield, not engines that are the app's compute (any nice-0 process on the
+        # host, the app's own model server included, would take their cores first).
+        os.environ.setdefault("RAY_worker_niceness", "0")
         with loopback_node():
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                      _node_ip_address="127.0.0.1", log_to_driver=False, ignore_reinit_error=True)
