@@ -3,8 +3,9 @@
 A lowered call never runs the model's ``invoke``, so the handlers in the caller's config
 (LangChain's config context reaches the primitives: the runtime copies the caller's
 context) would not hear of it. Two CPU primitives stand in: ``llm_start`` fires
-``on_chat_model_start`` / ``on_llm_start`` with the prompt the engine receives, as soon
-as the prompt is formatted; ``llm_end`` fires ``on_llm_end`` with the decoded text (a served
+``on_chat_model_start`` / ``on_llm_start`` as soon as the prompt is formatted, with what
+plain's model reports (the messages of its own input, ids and metadata kept; its LangSmith
+params in the run's metadata); ``llm_end`` fires ``on_llm_end`` with the decoded text (a served
 model: its own result, from the server's reply) and passes the text and the reply message on.
 Without callbacks both return at once. When a handler streams (``astream_events``,
 ``astream_log``: where plain's model would stream the call), the call is sent as the model's
@@ -25,7 +26,12 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import (  # generate's run options, invoke's own merge
-    _format_ls_structured_output, _gen_info_and_msg_metadata, _generate_response_from_error)
+    _format_for_tracing, _format_ls_structured_output, _gen_info_and_msg_metadata, _generate_response_from_error)
+
+try:  # langchain-core 1.x: the invocation params its models trace (tools, messages left out)
+    from langchain_core.language_models._utils import _filter_invocation_params_for_tracing
+except ImportError:
+    _filter_invocation_params_for_tracing = None
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
@@ -38,18 +44,28 @@ from ...lowerable import LLMCallSpec
 from ..step_runs import with_step_tag
 
 
-def _callback_manager(model: Any, stop: list[str] | None, config: Any,
-                      call_kwargs: Mapping[str, Any]) -> CallbackManager | None:
+INPUT_PORT = "input:"  # llm_start's ports that carry the model's own input (models.ModelInput)
+
+
+def _callback_manager(model: Any, stop: list[str] | None, config: Any, call_kwargs: Mapping[str, Any],
+                      params: Mapping[str, Any]) -> CallbackManager | None:
+    """The manager ``BaseChatModel.invoke`` / ``BaseLLM.invoke`` starts the call's run with:
+    the model's LangSmith params (``_get_ls_params_with_defaults``: a chat model's
+    ``ls_integration`` too) in the inheritable metadata, its invocation params for tracing."""
     model_callbacks, verbose = getattr(model, "callbacks", None), bool(getattr(model, "verbose", False))
     if not config.get("callbacks") and not model_callbacks and not verbose:
         return None
     metadata = dict(config.get("metadata") or {})
+    ls_params = getattr(model, "_get_ls_params_with_defaults", None) or model._get_ls_params
     try:
-        metadata.update(model._get_ls_params(stop=stop, **call_kwargs))
+        metadata.update(ls_params(stop=stop, **call_kwargs))
     except Exception:  # noqa: BLE001 - tracing metadata only
         pass
+    extra = {"langsmith_inheritable_metadata": _filter_invocation_params_for_tracing(dict(params))} \
+        if _filter_invocation_params_for_tracing is not None else {}
     return CallbackManager.configure(config.get("callbacks"), model_callbacks, verbose, config.get("tags"),
-                                     getattr(model, "tags", None), metadata, getattr(model, "metadata", None))
+                                     getattr(model, "tags", None), metadata, getattr(model, "metadata", None),
+                                     **extra)
 
 
 def _structured_output_options(ls_format: Any) -> dict[str, Any]:
@@ -121,35 +137,38 @@ def _invoke_message(result: Any, run: Any) -> Any:
 
 def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
                    bound: Mapping[str, Any] | None = None, step: str | None = None,
-                   call_kwargs: Mapping[str, Any] | None = None) -> tuple[Callable, Callable]:
-    """``(report_start(prompt) -> CallRun | None,
+                   call_kwargs: Mapping[str, Any] | None = None,
+                   model_input: Callable[..., Any] | None = None) -> tuple[Callable, Callable]:
+    """``(report_start(prompt, **input) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
     (from a served model's reply), else None. ``bound``: the tracing config of a
     ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it;
     ``step``: the call's seq:step tag (``step_runs.py``); ``call_kwargs``: the call's bound
-    arguments (tools), reported as ``BaseChatModel.generate`` reports them."""
+    arguments (tools), reported as ``BaseChatModel.generate`` reports them; ``model_input``
+    rebuilds the model's own input from ``report_start``'s ``input:*`` values, so the start
+    reports plain's messages (ids, metadata) rather than the engine prompt's."""
     chat = spec.returns_message
     kwargs = dict(call_kwargs or {})
     structured = _structured_output_options(kwargs.pop("ls_structured_output_format", None))
 
-    async def report_start(prompt: Any) -> Any:
+    async def report_start(prompt: Any, **given: Any) -> Any:
         config = ensure_config()  # the caller's config, from the copied context
         if bound:
             config = merge_configs(config, dict(bound))
-        manager = with_step_tag(_callback_manager(model, stop, config, kwargs), step)
-        if manager is None:
-            return None
-        name = config.get("run_name")
         try:
             params = model._get_invocation_params(stop=stop, **kwargs)
         except Exception:  # noqa: BLE001
             params = dict(spec.sampling_params or {})
-        serialized, options = getattr(model, "_serialized", {}), {"stop": stop, **structured}
+        manager = with_step_tag(_callback_manager(model, stop, config, kwargs, params), step)
+        if manager is None:
+            return None
+        name = config.get("run_name")
+        serialized = getattr(model, "_serialized", {})
+        options = {"stop": stop, **{k: params[k] for k in kwargs if k in params}, **structured}
 
         def start() -> Any:  # user handlers may block (HTTP tracers): never on the runtime loop
             if chat:
-                # the engine's role/content dicts (a served model's: its request body's), as messages
-                messages = convert_to_messages(prompt["messages"] if isinstance(prompt, Mapping) else prompt)
+                messages = _plain_messages(prompt, given)
                 (run,) = manager.on_chat_model_start(serialized, [messages], invocation_params=params,
                                                      options=options, name=name, batch_size=1)
             else:
@@ -159,6 +178,17 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
             return CallRun(run, chat, _streaming(manager))
 
         return await in_framework_thread(start)
+
+    def _plain_messages(prompt: Any, given: Mapping[str, Any]) -> list[Any]:
+        """The messages plain's invoke reports: its own input's (``_convert_input``), as
+        formatted for tracing; without it, the engine prompt's role/content dicts."""
+        if model_input is not None:
+            try:
+                own = model_input(**{k[len(INPUT_PORT):]: v for k, v in given.items()})
+                return _format_for_tracing(model._convert_input(own).to_messages())
+            except Exception:  # noqa: BLE001 - a report only: the engine prompt's below
+                pass
+        return convert_to_messages(prompt["messages"] if isinstance(prompt, Mapping) else prompt)
 
     async def report_end(run: Any, text: str, response: Any = None) -> dict[str, Any]:
         if spec.to_result is not None and response is not None:  # a served model: its own result

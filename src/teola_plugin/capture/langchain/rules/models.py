@@ -10,8 +10,8 @@ the decoded text.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.language_models import BaseLanguageModel
@@ -27,7 +27,7 @@ from ...lowerable import LLMCallSpec, LowerableLLM
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..step_runs import render_unreported
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
-from .callbacks import call_reporters
+from .callbacks import INPUT_PORT, call_reporters
 from .foreign import foreign_call_spec
 from .prompts import literal_parts
 from .served import is_served_model, served_call_spec
@@ -35,10 +35,21 @@ from .served import is_served_model, served_call_spec
 TOKENS_PER_VARIABLE = 64  # a cost-model guess for text that arrives at run time
 
 
+@dataclass(frozen=True)
+class ModelInput:
+    """How the reporter rebuilds the model's own input (what plain's ``invoke`` receives, so
+    ``on_chat_model_start`` hears plain's messages, ids and metadata included, not the engine
+    prompt's): ``build(**values of refs)``, where ``refs`` are refs the format reads already."""
+
+    refs: Mapping[str, Ref]
+    build: Callable[..., Any]
+
+
 def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
-                   origin: str) -> tuple[Primitive, int]:
+                   origin: str) -> tuple[Primitive, int, ModelInput]:
     """One format primitive producing the engine prompt (the template, if any, and the
-    model's own input conversion, fused) and a prompt-length guess for the cost model."""
+    model's own input conversion, fused), a prompt-length guess for the cost model, and the
+    model's own input (:class:`ModelInput`)."""
     convert = spec.to_engine_prompt
     if isinstance(value, PendingPrompt):
         template = value.template
@@ -58,14 +69,14 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
         est = literal // CHARS_PER_TOKEN + TOKENS_PER_VARIABLE * len(inputs)
         fmt = t.add(Op.FORMAT, name="format", inputs=inputs, attrs=attrs, origin=value.origin)
         t.runs.attribute(fmt.name, value.run)  # it reports the template's run, where plain's template would
-        return fmt, est
+        return fmt, est, ModelInput(inputs, lambda **variables: render_unreported(template, variables))
 
     def render_input(input: Any) -> Any:
         return convert(input)
 
-    fmt = t.add(Op.FORMAT, name="format", inputs={"input": t.materialise(value)},
-                attrs={"render": render_input}, origin=origin)
-    return fmt, TOKENS_PER_VARIABLE
+    given = t.materialise(value)
+    fmt = t.add(Op.FORMAT, name="format", inputs={"input": given}, attrs={"render": render_input}, origin=origin)
+    return fmt, TOKENS_PER_VARIABLE, ModelInput({"input": given}, lambda input: input)
 
 
 
@@ -103,9 +114,10 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     spec = call_spec(t, model, stop, call_kwargs)
     t.streams_text = t.streams_text and spec.streams_text
     origin = component_name(model)
-    fmt, est_tokens = _prompt_format(t, value, spec, origin)
-    report_start, report_end = call_reporters(model, spec, stop, bound, step, call_kwargs)
-    started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"), inputs={"prompt": fmt.out()},
+    fmt, est_tokens, given = _prompt_format(t, value, spec, origin)
+    report_start, report_end = call_reporters(model, spec, stop, bound, step, call_kwargs, given.build)
+    started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"),
+                          inputs={"prompt": fmt.out(), **{f"{INPUT_PORT}{k}": r for k, r in given.refs.items()}},
                           outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
     decode = emit_llm_call(t.add, fmt.out(), spec, origin, est_tokens, listener=started.out("run"), **decode_attrs)
     ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
