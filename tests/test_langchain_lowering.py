@@ -226,3 +226,31 @@ def test_an_addable_dict_input_is_traced_by_its_keys_and_passed_on_as_one():
     (build,) = [p for p in trace.graph if p.name.startswith("dict")]
     rebuilt = asyncio.run(build.attrs["fn"](question="q"))
     assert type(rebuilt) is AddableDict and rebuilt == given
+
+
+def test_langchains_own_functions_behind_a_partial_are_not_reported_as_the_users():
+    """``trim_messages(...)`` (and ``with_structured_output``'s parser) are LangChain's own
+    functions behind a ``functools.partial``: they run as they are without being listed as
+    opaque user code; a user's function or partial still is, under its own name."""
+    import functools
+    import operator
+
+    from langchain_core.messages import trim_messages
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+
+    from teola_plugin.capture.langchain.tracer import langchains_own
+
+    trimmer = trim_messages(max_tokens=4, token_counter=len, strategy="last")
+    assert langchains_own(trimmer.func) and langchains_own(functools.partial(trimmer.func))
+
+    def mine(messages):
+        return messages[-4:]
+
+    assert not langchains_own(mine) and not langchains_own(functools.partial(mine))
+    prompt = ChatPromptTemplate.from_messages([MessagesPlaceholder("history")])
+    layout = InputLayout.of({"history": []})
+    history = RunnableLambda(operator.itemgetter("history"))
+    assert opaque_reasons({"history": history | trimmer} | prompt | llm(), layout) == {}
+    reasons = opaque_reasons({"history": history | RunnableLambda(functools.partial(mine))} | prompt | llm(), layout)
+    assert list(reasons.values()) == [f"user function ({__name__}.test_langchains_own_functions_behind_a_partial_"
+                                      "are_not_reported_as_the_users.<locals>.mine): runs unchanged on the CPU"]

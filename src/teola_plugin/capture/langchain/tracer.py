@@ -22,6 +22,8 @@ opaque is logged once per type (WARNING on ``teola_plugin.capture.langchain``) w
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -167,8 +169,13 @@ LANGCHAIN_PACKAGES = frozenset({"langchain", "langchain_core", "langchain_classi
 
 
 def langchains_own(code: Any) -> bool:
-    """Is ``code`` (a function or class) LangChain's own, not the user's?"""
-    return (getattr(code, "__module__", None) or "").split(".")[0] in LANGCHAIN_PACKAGES
+    """Is ``code`` (a function or class, or a ``functools.partial`` of one, as ``trim_messages``
+    and ``with_structured_output`` build them) LangChain's own, its partner packages'
+    (``langchain_openai``, ...) included, not the user's?"""
+    while isinstance(code, functools.partial):
+        code = code.func
+    root = (getattr(code, "__module__", None) or "").split(".")[0]
+    return root in LANGCHAIN_PACKAGES or root.startswith("langchain_")
 
 
 def component_name(runnable: Any) -> str:

@@ -7,6 +7,8 @@ see each other directly.
 
 from __future__ import annotations
 
+import functools
+
 import operator
 from typing import Any
 
@@ -77,7 +79,10 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
     func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
-    function = f"{getattr(func, '__module__', None) or ''}.{getattr(func, '__qualname__', type(func).__name__)}"
+    named = func
+    while isinstance(named, functools.partial):  # name the function a partial wraps
+        named = named.func
+    function = f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
     # whose function it is: LangChain's own glue (a helper's ``x["input"]``, a history read)
     # does no engine work and is not the user's code: run as it is, not reported as opaque
     if langchains_own(func):
