@@ -962,3 +962,75 @@ def test_model_free_index_retrievers_are_lowered(index_type, recording_proxy, ex
     assert str(teola) == str(plain) and [n.node.node_id for n in teola.source_nodes] == [
         n.node.node_id for n in plain.source_nodes] and plain.source_nodes
     assert bodies(recording_proxy.take()) == bodies(sent_plain) and sent_plain
+
+
+def test_a_lowered_calls_start_reports_plains_messages_and_metadata(recording_proxy, runtime):
+    """``on_chat_model_start`` hears the model's own input messages (a history's ids and
+    metadata kept, as LangGraph state and chat histories carry them), not messages rebuilt
+    from the request body, and the run's metadata holds the model's LangSmith params
+    (``ls_integration`` included), as plain's invoke reports them."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    class Heard(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.starts: list = []
+
+        def on_chat_model_start(self, serialized, messages, *, metadata=None, invocation_params=None,
+                                **kwargs) -> None:
+            self.starts.append((messages, {k: v for k, v in (metadata or {}).items() if k.startswith("ls_")},
+                                invocation_params, kwargs.get("options")))
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", max_tokens=8,
+                       temperature=0)
+    history = [HumanMessage("Name a colour.", id="m1"),
+               AIMessage("Blue.", id="m2", response_metadata={"model_name": SERVED_NAME},
+                         usage_metadata={"input_tokens": 5, "output_tokens": 2, "total_tokens": 7})]
+    templated = ChatPromptTemplate.from_messages([("system", "Answer briefly."), MessagesPlaceholder("history"),
+                                                 ("human", "{q}")]) | model | StrOutputParser()
+    direct = model | StrOutputParser()  # the model's input is the caller's message list itself
+    recording_proxy.replay = True
+    for chain, given in ((templated, {"history": history, "q": "And another?"}),
+                         (direct, [*history, HumanMessage("And another?", id="m3")])):
+        teola = TeolaRunnable(chain, runtime=runtime)
+        assert teola._plan(given).trace.opaque == []
+        heard = []
+        for run in (chain.invoke, teola.invoke):
+            handler = Heard()
+            run(given, config={"callbacks": [handler]})
+            heard.append(handler.starts)
+        assert heard[1] == heard[0] and len(heard[0]) == 1, heard
+        (messages,), ls, _, _ = heard[0][0]
+        assert [m.id for m in messages if m.id] == ["m1", "m2"] + (["m3"] if chain is direct else [])
+        assert ls["ls_integration"] == "langchain_chat_model" and ls["ls_model_name"] == SERVED_NAME
+
+
+def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_counters(recording_proxy, squad_index,
+                                                                                       executor):
+    """LlamaIndex's token-counting docs with a streaming query engine: the call's end event
+    carries the last streamed chunk as ``raw``, as plain's, so ``TokenCountingHandler`` counts
+    what plain counts (it failed with a ValueError on a tuple of every chunk)."""
+    from llama_index.core import Settings
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+    counter = TokenCountingHandler(tokenizer=lambda s: s.split())
+    before = Settings.callback_manager
+    Settings.callback_manager = CallbackManager([counter])  # as the docs set it: the engine's parts take it
+    try:
+        llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+        engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
+        recording_proxy.replay = True
+        counted = []
+        for run in (engine.query, lambda q: executor.query(engine, q)):
+            counter.reset_counts()
+            tokens = list(run(QUESTIONS[1]).response_gen)
+            counted.append((tokens, counter.prompt_llm_token_count, counter.completion_llm_token_count,
+                            len(counter.llm_token_counts)))
+    finally:
+        Settings.callback_manager = before
+    assert counted[1] == counted[0] and counted[0][2] > 0 and counted[0][3] == 1, counted

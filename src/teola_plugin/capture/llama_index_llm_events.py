@@ -95,6 +95,8 @@ class LLMEvents:
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
         llm, manager = self.llm, self.llm.callback_manager
+        if isinstance(response, tuple):  # a streamed call's chunks: plain's last response carries the last one
+            response = response[-1] if response else None
         counts = getattr(llm, "_get_response_token_counts", None)
         extra = counts(response) if counts is not None and response is not None else {}
         if self.chat:
