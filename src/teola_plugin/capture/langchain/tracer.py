@@ -23,7 +23,6 @@ opaque is logged once per type (WARNING on ``teola_plugin.capture.langchain``) w
 from __future__ import annotations
 
 import functools
-
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -168,13 +167,18 @@ class LangChainTrace(Trace):
 LANGCHAIN_PACKAGES = frozenset({"langchain", "langchain_core", "langchain_classic", "langchain_community"})
 
 
+def unwrap_partial(code: Any) -> Any:
+    """The function a ``functools.partial`` (of a partial ...) wraps; ``code`` itself otherwise."""
+    while isinstance(code, functools.partial):
+        code = code.func
+    return code
+
+
 def langchains_own(code: Any) -> bool:
     """Is ``code`` (a function or class, or a ``functools.partial`` of one, as ``trim_messages``
     and ``with_structured_output`` build them) LangChain's own, its partner packages'
     (``langchain_openai``, ...) included, not the user's?"""
-    while isinstance(code, functools.partial):
-        code = code.func
-    root = (getattr(code, "__module__", None) or "").split(".")[0]
+    root = (getattr(unwrap_partial(code), "__module__", None) or "").split(".")[0]
     return root in LANGCHAIN_PACKAGES or root.startswith("langchain_")
 
 

@@ -27,11 +27,6 @@ from typing import Any
 from langchain_core.callbacks import CallbackManager
 from langchain_core.language_models.chat_models import (  # generate's run options, invoke's own merge
     _format_for_tracing, _format_ls_structured_output, _gen_info_and_msg_metadata, _generate_response_from_error)
-
-try:  # langchain-core 1.x: the invocation params its models trace (tools, messages left out)
-    from langchain_core.language_models._utils import _filter_invocation_params_for_tracing
-except ImportError:
-    _filter_invocation_params_for_tracing = None
 from langchain_core.messages import AIMessage, AIMessageChunk, convert_to_messages
 from langchain_core.outputs import (ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk,
                                     LLMResult)
@@ -42,6 +37,11 @@ from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix inv
 from ....runtime.framework_threads import in_framework_thread
 from ...lowerable import LLMCallSpec
 from ..step_runs import with_step_tag
+
+try:  # langchain-core 1.x: the invocation params its models trace (tools, messages left out)
+    from langchain_core.language_models._utils import _filter_invocation_params_for_tracing
+except ImportError:
+    _filter_invocation_params_for_tracing = None
 
 
 INPUT_PORT = "input:"  # llm_start's ports that carry the model's own input (models.ModelInput)

@@ -7,8 +7,6 @@ see each other directly.
 
 from __future__ import annotations
 
-import functools
-
 import operator
 from typing import Any
 
@@ -17,7 +15,7 @@ from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnableP
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 
 from ..step_runs import step_tag
-from ..tracer import NotLowerable, LangChainTracer, langchains_own, lowering
+from ..tracer import NotLowerable, LangChainTracer, langchains_own, lowering, unwrap_partial
 from ..values import ChatReply, Kind, Record, Traced, Value
 from .parsers import lower_parser
 
@@ -79,9 +77,7 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
     func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
-    named = func
-    while isinstance(named, functools.partial):  # name the function a partial wraps
-        named = named.func
+    named = unwrap_partial(func)  # a partial is named by the function it wraps
     function = f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
     # whose function it is: LangChain's own glue (a helper's ``x["input"]``, a history read)
     # does no engine work and is not the user's code: run as it is, not reported as opaque
