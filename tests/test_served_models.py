@@ -1034,3 +1034,18 @@ def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_count
     finally:
         Settings.callback_manager = before
     assert counted[1] == counted[0] and counted[0][2] > 0 and counted[0][3] == 1, counted
+
+
+def test_a_streamed_llama_index_call_sends_the_stream_options_of_its_llm(recording_proxy, squad_index, executor):
+    """``OpenAILike(additional_kwargs={"stream_options": {"include_usage": True}})``: its own
+    streaming calls send them (its non-streaming ones leave them out), and so does Teola; the
+    usage chunk then streams as plain's last, empty token."""
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048,
+                      additional_kwargs={"stream_options": {"include_usage": True}})
+    engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
+    recording_proxy.replay = True
+    plain_tokens = list(engine.query(QUESTIONS[1]).response_gen)
+    sent_plain = recording_proxy.take()
+    tokens = list(executor.query(engine, QUESTIONS[1]).response_gen)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+    assert sent_plain[-1][1]["stream_options"] == {"include_usage": True} and tokens == plain_tokens

@@ -74,12 +74,18 @@ class ServedRequests:
         self.llm._update_max_tokens(kwargs, prompt)
         return {"prompt": prompt, "stream": False, **kwargs}
 
+    def _streamed_changes(self) -> dict[str, Any]:
+        """What the model's own stream_chat / stream_complete change in the body: ``stream``, and
+        the ``stream_options`` of its additional_kwargs (left out of a request that does not stream)."""
+        plain, streamed = self.llm._get_model_kwargs(), self.llm._get_model_kwargs(stream=True)
+        return {k: v for k, v in streamed.items() if k not in plain or plain[k] != v}
+
     def parse_output(self, text: str) -> str:
         return self.llm._parse_output(text)
 
     def call_spec(self) -> LLMCallSpec:
         llm = self.llm
         return LLMCallSpec(self.engine, self.engine_prompt, {}, max_tokens=llm.max_tokens or DEFAULT_MAX_TOKENS,
-                           streamed_request={"stream": True},  # what its stream_chat / stream_complete change
+                           streamed_request=self._streamed_changes(),
                            to_completion_prompt=self.completion_prompt,
                            parse_output=None if llm.output_parser is None else self.parse_output)
