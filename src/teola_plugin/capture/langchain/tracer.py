@@ -164,9 +164,6 @@ class LangChainTrace(Trace):
         return feed
 
 
-LANGCHAIN_PACKAGES = frozenset({"langchain", "langchain_core", "langchain_classic", "langchain_community"})
-
-
 def unwrap_partial(code: Any) -> Any:
     """The function a ``functools.partial`` (of a partial ...) wraps; ``code`` itself otherwise."""
     while isinstance(code, functools.partial):
@@ -179,7 +176,7 @@ def langchains_own(code: Any) -> bool:
     and ``with_structured_output`` build them) LangChain's own, its partner packages'
     (``langchain_openai``, ...) included, not the user's?"""
     root = (getattr(unwrap_partial(code), "__module__", None) or "").split(".")[0]
-    return root in LANGCHAIN_PACKAGES or root.startswith("langchain_")
+    return root == "langchain" or root.startswith("langchain_")  # langchain_core, _classic, _openai, ...
 
 
 def component_name(runnable: Any) -> str:
