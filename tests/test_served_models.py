@@ -228,6 +228,56 @@ def test_unreproducible_chat_openai_stays_opaque_with_the_reason(model_server, r
     assert "streaming=True" in note.reason
 
 
+def test_a_model_behind_an_llm_cache_or_a_rate_limiter_runs_as_plain(recording_proxy, runtime):
+    """LangChain's cache (``set_llm_cache``, or the model's own) answers a repeated call with no
+    request, and a ``rate_limiter`` holds requests back: such a model's call runs as it is,
+    with plain's requests and cache contents; a plan traced before ``set_llm_cache`` is traced
+    again, and one traced after it is dropped is lowered again."""
+    from langchain_core.caches import InMemoryCache
+    from langchain_core.globals import get_llm_cache, set_llm_cache
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    def model(**kwargs) -> ChatOpenAI:
+        return ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                          max_tokens=8, **kwargs)
+
+    prompt = ChatPromptTemplate.from_messages([("human", "{question}")])
+    chain = prompt | model() | StrOutputParser()
+    fast = TeolaRunnable(chain, runtime=runtime)
+    x = {"question": QUESTIONS[0]}
+    assert fast._plan(x).trace.opaque == []
+    recording_proxy.take()
+    try:
+        sent, caches, answers = [], [], []
+        for run in (chain, fast):
+            set_llm_cache(InMemoryCache())
+            answers.append([run.invoke(x), run.invoke(x)])
+            sent.append(recording_proxy.take())
+            caches.append([[g.text for g in generations] for generations in get_llm_cache()._cache.values()])
+        assert len(sent[0]) == 1 and bodies(sent[1]) == bodies(sent[0])  # the second call was a cache hit
+        assert answers[1] == answers[0] and caches[1] == caches[0]
+        (note,) = fast._plan(x).trace.opaque
+        assert "cache" in note.reason
+    finally:
+        set_llm_cache(None)
+    assert fast._plan(x).trace.opaque == []
+    own_cache = prompt | model(cache=InMemoryCache()) | StrOutputParser()
+    assert "cache" in TeolaRunnable(own_cache, runtime=runtime)._plan(x).trace.opaque[0].reason
+    assert TeolaRunnable(prompt | model(cache=False), runtime=runtime)._plan(x).trace.opaque == []
+
+    limiter = InMemoryRateLimiter(requests_per_second=100, check_every_n_seconds=0.01)
+    limited = TeolaRunnable(prompt | model(rate_limiter=limiter) | StrOutputParser(), runtime=runtime)
+    (note,) = limited._plan(x).trace.opaque
+    assert "rate_limiter" in note.reason
+    assert limited.invoke(x) == answers[0][0] and limiter.last is not None  # it waited on the limiter
+    assert bodies(recording_proxy.take()) == bodies(sent[0])
+
+
 def _raised(call) -> BaseException:
     try:
         call()

@@ -13,6 +13,9 @@ by value (containers are copied, so an in-place edit shows); any other object (a
 store, a client, a nested runnable, which is snapshotted as a component of its own when the
 trace lowers it) by identity. Containers too large to copy on every call are compared by
 identity and length.
+
+One setting is global: LangChain's LLM cache (``set_llm_cache``), which decides whether a
+model's call is lowered at all (``rules/models.py``); it is compared by identity.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class ComponentState:
         unique = {id(c): c for c in components}
         self._components = list(unique.values())
         self._snapshot = [self._read(c) for c in self._components]
+        self._llm_cache = global_llm_cache()
 
     @staticmethod
     def _read(component: Any) -> dict[str, Any]:
@@ -92,7 +96,17 @@ class ComponentState:
             if now != then:
                 name = type(component).__name__
                 out += [f"{name}.{k}" for k in sorted(set(now) | set(then), key=str) if now.get(k) != then.get(k)]
+        if global_llm_cache() is not self._llm_cache:
+            out.append("set_llm_cache")
         return out
 
     def unchanged(self) -> bool:
-        return all(self._read(c) == then for c, then in zip(self._components, self._snapshot))
+        return (global_llm_cache() is self._llm_cache
+                and all(self._read(c) == then for c, then in zip(self._components, self._snapshot)))
+
+
+def global_llm_cache() -> Any:
+    """The cache ``set_llm_cache`` set (None: none)."""
+    from langchain_core.globals import get_llm_cache
+
+    return get_llm_cache()

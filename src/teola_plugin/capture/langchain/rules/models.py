@@ -24,6 +24,7 @@ from ...overrides import overridden_lowered_calls
 from ...prompt_parts import marked_parts
 from ...llm_calls import emit_llm_call
 from ...lowerable import LLMCallSpec, LowerableLLM
+from ..component_state import global_llm_cache
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..step_runs import render_unreported
 from ..values import ChatReply, Kind, PendingPrompt, Traced, Value
@@ -80,9 +81,21 @@ def _prompt_format(t: LangChainTracer, value: Value, spec: LLMCallSpec,
 
 
 
+def check_no_cache_or_limiter(model: Any) -> None:
+    """NotLowerable when ``model``'s own call path does more than send its request: a cache it
+    reads first (its ``cache``, or the global ``set_llm_cache`` one unless ``cache=False``: a
+    hit sends nothing) or a rate limiter it waits on before sending."""
+    cache = getattr(model, "cache", False)
+    if cache is not False and (cache is not None or global_llm_cache() is not None):
+        raise NotLowerable(f"{type(model).__name__} reads an LLM cache (a hit sends no request; its own code runs)")
+    if getattr(model, "rate_limiter", None) is not None:
+        raise NotLowerable(f"{type(model).__name__} waits on its rate_limiter (its own code runs)")
+
+
 def call_spec(t: LangChainTracer, model: Any, stop: list[str] | None = None,
               call_kwargs: Mapping[str, Any] | None = None) -> LLMCallSpec:
     """The engine call ``model.invoke(..., stop=stop, **call_kwargs)`` makes; NotLowerable if unknown."""
+    check_no_cache_or_limiter(model)
     if is_served_model(model):
         return served_call_spec(model, t.engines.served_engine, stop, call_kwargs)
     if call_kwargs:
