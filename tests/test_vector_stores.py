@@ -134,6 +134,10 @@ def test_langchain_qdrants_sparse_modes_stay_its_own(documents, hf_embeddings, r
 
 
 def llama_index_store(kind: str, chroma_server):
+    if kind == "simple":
+        from llama_index.core.vector_stores import SimpleVectorStore
+
+        return SimpleVectorStore()
     if kind == "chroma-server":
         from llama_index.vector_stores.chroma import ChromaVectorStore
 
@@ -149,8 +153,11 @@ def llama_index_store(kind: str, chroma_server):
     return QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="squad")
 
 
-@pytest.mark.parametrize("kind", ["faiss", "qdrant", "chroma-server"])
+@pytest.mark.parametrize("kind", ["simple", "faiss", "qdrant", "chroma-server"])
 def test_llama_index_stores_users_run_are_searched_in_place(kind, runtime, chroma_server):
+    """Each store searched by the retriever's own query, in the default mode and in MMR mode
+    (``as_retriever(vector_store_query_mode="mmr", vector_store_kwargs={"mmr_threshold": ...})``,
+    LlamaIndex's MMR example): the same nodes, in the same order, with the same scores."""
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.core import Document as LlamaDocument
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -161,14 +168,19 @@ def test_llama_index_stores_users_run_are_searched_in_place(kind, runtime, chrom
     index = VectorStoreIndex.from_documents([LlamaDocument(text=t, id_=str(i)) for i, t in enumerate(PASSAGES)],
                                             storage_context=storage,
                                             embed_model=HuggingFaceEmbedding(model_name=str(default_model_path())))
-    retriever = index.as_retriever(similarity_top_k=3)
     executor = TeolaExecutor(runtime=runtime)
-    app = executor.traced(retriever)
-    assert app.opaque == [], [str(n) for n in app.opaque]
-    assert {p.op.value for p in app.graph.nodes} >= {"embed", "vector_search"}
-    for question in QUESTIONS[:2]:
-        plain = retriever.retrieve(question)
-        teola = executor.retrieve(retriever, question)
-        assert [n.node.node_id for n in teola] == [n.node.node_id for n in plain] and plain
-        assert [n.node.get_content() for n in teola] == [n.node.get_content() for n in plain]
-        assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-4)
+    mmr = {"vector_store_query_mode": "mmr", "vector_store_kwargs": {"mmr_threshold": 0.3}}
+    differs = []
+    for retriever in (index.as_retriever(similarity_top_k=3), index.as_retriever(similarity_top_k=3, **mmr)):
+        app = executor.traced(retriever)
+        assert app.opaque == [], [str(n) for n in app.opaque]
+        assert {p.op.value for p in app.graph.nodes} >= {"embed", "vector_search"}
+        for question in QUESTIONS[:2]:
+            plain = retriever.retrieve(question)
+            teola = executor.retrieve(retriever, question)
+            assert [n.node.node_id for n in teola] == [n.node.node_id for n in plain] and plain
+            assert [n.node.get_content() for n in teola] == [n.node.get_content() for n in plain]
+            assert [n.score for n in teola] == pytest.approx([n.score for n in plain], abs=1e-4)
+            differs.append([n.node.node_id for n in plain])
+    if kind in ("simple", "chroma-server"):  # stores with an MMR search of their own: it chose otherwise
+        assert differs[:2] != differs[2:]

@@ -2,8 +2,8 @@
 
 * ``RetrieverQueryEngine``: retriever -> node postprocessors -> response synthesizer.
 * ``VectorIndexRetriever`` over an embedding-only store (``SimpleVectorStore``,
-  ``ChromaVectorStore``, ``FaissVectorStore``, ``QdrantVectorStore``) in the default query
-  mode: ``embed`` (on the embedder engine when it computes the model's vectors, on a served
+  ``ChromaVectorStore``, ``FaissVectorStore``, ``QdrantVectorStore``) in the default or MMR
+  query mode: ``embed`` (on the embedder engine when it computes the model's vectors, on a served
   engine for a served model) -> query vector -> ``vector_search`` on the
   user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
   step.
@@ -57,6 +57,10 @@ from .lowerable import LowerableLLM
 # its sparse and hybrid modes; FAISS never). Not MilvusVectorStore: its package needs
 # pymilvus < 3 and langchain-milvus >= 0.4 needs >= 3, so it is neither installed nor tested here.
 EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore", "FaissVectorStore", "QdrantVectorStore"})
+# Query modes whose search those stores run from the query vector alone: MMR re-ranks the
+# candidates by their own embeddings (SimpleVectorStore, Chroma; Qdrant and FAISS search as in
+# the default mode). The engine runs the retriever's own query, mode and kwargs included.
+VECTOR_ONLY_MODES = frozenset({VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR})
 
 
 @lowering_rule(QUERY_ENGINE_RULES, RetrieverQueryEngine)
@@ -87,7 +91,7 @@ def check_vector_retriever(retriever: VectorIndexRetriever) -> None:
     store = retriever._vector_store
     if type(store).__name__ not in EMBEDDING_ONLY_STORES:
         raise NotLowerable(f"vector store {type(store).__name__} is not known to search by embedding alone")
-    if retriever._vector_store_query_mode != VectorStoreQueryMode.DEFAULT or not retriever._needs_embedding():
+    if retriever._vector_store_query_mode not in VECTOR_ONLY_MODES or not retriever._needs_embedding():
         raise NotLowerable(f"query mode {retriever._vector_store_query_mode.value!r} is not lowered")
 
 
