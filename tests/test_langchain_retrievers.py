@@ -115,9 +115,17 @@ def test_chroma_store_is_searched_in_place(runtime, passages):
             fast = TeolaRunnable(search, runtime=runtime)
             assert fast.invoke(QUESTIONS[0]) == search.invoke(QUESTIONS[0]) != []
             assert "vector_search" in ops_of(fast, QUESTIONS[0]) and fast._plan(QUESTIONS[0]).trace.opaque == []
-        threshold = TeolaRunnable(store.as_retriever(search_type="similarity_score_threshold",
-                                                     search_kwargs={"score_threshold": 0.2}), runtime=runtime)
-        assert "search_type 'similarity_score_threshold'" in threshold.explain(QUESTIONS[0])
+        # the relevance-score search: Chroma's relevance function on its scored search by
+        # vector, then the threshold (one between the top scores: it drops some documents)
+        scores = [s for _, s in store.similarity_search_with_relevance_scores(QUESTIONS[0], k=3)]
+        for score_threshold in ((scores[0] + scores[-1]) / 2, 1.5):
+            search = store.as_retriever(search_type="similarity_score_threshold",
+                                        search_kwargs={"k": 3, "score_threshold": score_threshold})
+            fast = TeolaRunnable(search, runtime=runtime)
+            assert fast._plan(QUESTIONS[0]).trace.opaque == [] and "vector_search" in ops_of(fast, QUESTIONS[0])
+            expected = search.invoke(QUESTIONS[0])
+            assert fast.invoke(QUESTIONS[0]) == expected
+            assert (0 < len(expected) < 3) if score_threshold < 1 else expected == []
     finally:
         store.delete_collection()
 
@@ -138,6 +146,12 @@ def test_in_memory_mmr_and_filtered_searches_are_lowered_with_the_stores_own_sea
             assert fast.invoke(q) == search.invoke(q) != []
     assert {d.metadata["title"] for d in TeolaRunnable(searches[2], runtime=runtime).invoke(QUESTIONS[0])} \
         .isdisjoint(wanted)  # the filter ran
+    # InMemoryVectorStore has no relevance function: plain's relevance-score search raises
+    threshold = store.as_retriever(search_type="similarity_score_threshold", search_kwargs={"score_threshold": 0.1})
+    with pytest.raises(NotImplementedError):
+        threshold.invoke(QUESTIONS[0])
+    with pytest.raises(NotImplementedError):
+        TeolaRunnable(threshold, runtime=runtime).invoke(QUESTIONS[0])
 
 
 class EngineClient:
@@ -275,6 +289,17 @@ def test_a_parent_document_retriever_searches_its_chunks_lowered_and_returns_the
             expected = retriever.invoke(q)
             assert fast.invoke(q) == expected and asyncio.run(fast.ainvoke(q)) == expected
             assert expected and all(d.page_content in {p.text for p in passages} for d in expected)  # whole parents
+    # a relevance-score search of the chunks: lowered, and plain's error from this store (it has no
+    # relevance function)
+    scored = ParentDocumentRetriever(vectorstore=parents.vectorstore, docstore=parents.docstore,
+                                     child_splitter=parents.child_splitter,
+                                     search_type=SearchType.similarity_score_threshold,
+                                     search_kwargs={"score_threshold": 0.1})
+    fast = TeolaRunnable(scored, runtime=runtime)
+    assert fast._plan(QUESTIONS[0]).trace.opaque == []
+    for run in (scored, fast):
+        with pytest.raises(NotImplementedError):
+            run.invoke(QUESTIONS[0])
 
     class FirstOnly(ParentDocumentRetriever):
         def _get_relevant_documents(self, query, *, run_manager):

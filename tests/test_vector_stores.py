@@ -120,6 +120,15 @@ def test_langchain_stores_users_run_are_searched_in_place(kind, documents, hf_em
             assert teola.invoke(question) == plain and plain, search
         if by_topic in search["search_kwargs"]:
             assert {d.metadata["topic"] for d in plain} == {0}
+    # a relevance-score search (the store's relevance function on its scored search by vector),
+    # with a threshold between the top scores: it keeps some documents and drops others
+    scores = [s for _, s in store.similarity_search_with_relevance_scores(QUESTIONS[0], k=3)]
+    retriever = store.as_retriever(search_type="similarity_score_threshold",
+                                   search_kwargs={"k": 3, "score_threshold": float(scores[0] + scores[-1]) / 2})
+    teola = TeolaRunnable(retriever, runtime=runtime)
+    assert teola._plan(QUESTIONS[0]).trace.opaque == []
+    plain = retriever.invoke(QUESTIONS[0])
+    assert teola.invoke(QUESTIONS[0]) == plain and 0 < len(plain) < 3, scores
 
 
 def test_langchain_qdrants_sparse_modes_stay_its_own(documents, hf_embeddings, runtime):

@@ -3,7 +3,8 @@
 The store stays the user's instance: a lowered retriever's ``vector_search`` primitive
 calls the store's own search by vector with the query vector and the retriever's arguments
 (``StoreSearch``: ``similarity_search_by_vector``, or ``max_marginal_relevance_search_by_vector``
-for MMR; ``k``, a ``filter``), which is what the retriever calls after embedding the query. Searches of several queries arrive
+for MMR; ``k``, a ``filter``; or a function reproducing a search of several store calls,
+the relevance-score search), which is what the retriever calls after embedding the query. Searches of several queries arrive
 batched (one engine call); each runs in a worker thread so a large store does not stall
 the runtime loop. The store is held weakly (``engines.user_object``): the runtime drops
 the engine when the user's store is collected, so a store built per request is not kept.
@@ -12,6 +13,7 @@ the engine when the user's store is collected, so a store built per request is n
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,9 +41,10 @@ class FrameworkVectorStoreEngine(Engine):
         return self._store()
 
     def _search(self, vectors: Any, how: StoreSearch) -> list[list[Any]]:
-        search = getattr(self.store, how.method)
+        store = self.store
+        search = getattr(store, how.method) if how.function is None else functools.partial(how.function, store)
         # as the embedding model returned it: an engine's float32 row, or a model's own floats
-        return [search(np.asarray(v).tolist(), **how.kwargs) for v in vectors]
+        return [search(np.asarray(v).tolist(), **dict(how.kwargs)) for v in vectors]
 
     async def batch_search(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         """Requests ``{"index", "vectors", "k", "store_search"?}`` -> one document list per

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +33,13 @@ class StoreSearch:
     """How a user's own store is searched by vector: its ``method`` (LangChain:
     ``similarity_search_by_vector``, ``max_marginal_relevance_search_by_vector``) with the
     retriever's ``kwargs`` (``k``, a ``filter``, MMR's ``fetch_k`` / ``lambda_mult``), exactly
-    as its text search calls it after embedding the query."""
+    as its text search calls it after embedding the query. Where the framework's text search
+    does more than one store call, ``function(store, vector, **kwargs)`` reproduces it
+    (``method`` then names what it reproduces)."""
 
     method: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    function: Callable[..., list[Any]] | None = None
 
 
 @dataclass

@@ -35,7 +35,7 @@ from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowerin
 from ...overrides import overridden
 from ..values import Kind, Record, Traced, Value
 from .callbacks import retriever_reporters
-from .retrievers import check_vector_retriever, reported_search, search_lists
+from .retrievers import BY_VECTOR, check_vector_retriever, reported_search, search_lists
 
 
 def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
@@ -115,8 +115,9 @@ def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
 
 def lower_multi_vector(t: LangChainTracer, retriever: Any, value: Value) -> Value:
     """The chunks' search as the vector retriever over the same store and arguments (what
-    ``MultiVectorRetriever._get_relevant_documents`` calls: ``similarity_search`` or
-    ``max_marginal_relevance_search`` with ``search_kwargs``), then the parents by its rule."""
+    ``MultiVectorRetriever._get_relevant_documents`` calls: ``similarity_search``,
+    ``max_marginal_relevance_search`` or ``similarity_search_with_relevance_scores`` with
+    ``search_kwargs``), then the parents by its rule."""
     from langchain_classic.retrievers.multi_vector import MultiVectorRetriever
 
     redefined = ", ".join(overridden(retriever, MultiVectorRetriever,
@@ -126,8 +127,8 @@ def lower_multi_vector(t: LangChainTracer, retriever: Any, value: Value) -> Valu
     if not isinstance(value, Traced) or value.kind is not Kind.TEXT:
         raise NotLowerable("the query is not known to be a str")
     search_type = getattr(retriever.search_type, "value", retriever.search_type)
-    if search_type not in ("similarity", "mmr"):
-        raise NotLowerable(f"search_type {search_type!r} (lowered: 'similarity', 'mmr')")
+    if search_type not in BY_VECTOR:
+        raise NotLowerable(f"search_type {search_type!r} (lowered: {', '.join(map(repr, BY_VECTOR))})")
     chunks = VectorStoreRetriever(vectorstore=retriever.vectorstore, search_type=search_type,
                                   search_kwargs=dict(retriever.search_kwargs))
     embedding = check_vector_retriever(t, chunks)

@@ -2,9 +2,10 @@
 
 The store stays the user's object: the plan serves it as an engine (its own search by
 vector, similarity or MMR with the retriever's ``k`` and ``filter``: exactly what the
-retriever's text search calls after embedding the query), so the documents come back as the
-store returns them. Lowered only where that equivalence is
-known: the stores of ``stores.py`` (``InMemoryVectorStore``, Chroma, FAISS, Qdrant), whose
+retriever's text search calls after embedding the query; for ``similarity_score_threshold``
+the store's relevance function and scored search by vector, then the threshold), so the
+documents come back as the store returns them. Lowered only where that equivalence is
+known: the stores of ``stores.py`` (``InMemoryVectorStore``, Chroma, FAISS, Qdrant, Milvus), whose
 ``similarity_search`` is ``embed_query`` then its search by vector. The query embedding is its own primitive:
 an ``embed`` on the embedder engine for ``TeolaEmbeddings`` and ``HuggingFaceEmbeddings``
 (langchain-huggingface, or the community one) of the embedder engine's model loaded the
@@ -34,7 +35,7 @@ from ...served_embeddings import embedding_endpoint, is_served_embedding
 from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, Traced, Value
 from .callbacks import retriever_reporters
-from .stores import searchable_store
+from .stores import search_with_relevance_scores, searchable_store
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,14 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
 
 
 # search_type -> the store's method by vector that its text search calls after embed_query
-BY_VECTOR = {"similarity": "similarity_search_by_vector", "mmr": "max_marginal_relevance_search_by_vector"}
+# (a relevance-score search: several calls, made by stores.search_with_relevance_scores)
+BY_VECTOR = {"similarity": "similarity_search_by_vector", "mmr": "max_marginal_relevance_search_by_vector",
+             "similarity_score_threshold": "similarity_search_with_relevance_scores"}
 
 
 def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
     """How ``retriever``'s query embedding runs; NotLowerable unless ``retriever`` is a
-    similarity or MMR search we can reproduce (on a store of ``stores.py``)."""
+    similarity, MMR or relevance-score search we can reproduce (on a store of ``stores.py``)."""
     if not isinstance(retriever, VectorStoreRetriever):
         raise NotLowerable(f"inner retriever {type(retriever).__name__} is not a VectorStoreRetriever")
     if retriever.search_type not in BY_VECTOR:
@@ -121,7 +124,12 @@ def check_vector_retriever(t: LangChainTracer, retriever: Any) -> EmbeddingCall:
 
 def store_search(retriever: VectorStoreRetriever) -> StoreSearch:
     """The store's own search by vector, with the retriever's arguments (``k`` 4 by default)."""
-    return StoreSearch(BY_VECTOR[retriever.search_type], {"k": 4, **retriever.search_kwargs})
+    kwargs = {"k": 4, **retriever.search_kwargs}
+    if retriever.search_type != "similarity_score_threshold":
+        return StoreSearch(BY_VECTOR[retriever.search_type], kwargs)
+    scored = searchable_store(retriever.vectorstore).with_score_by_vector
+    return StoreSearch(BY_VECTOR[retriever.search_type], {**kwargs, "with_score_by_vector": scored},
+                       search_with_relevance_scores)
 
 
 def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding: EmbeddingCall, queries: Ref,
