@@ -752,6 +752,51 @@ def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_pro
     assert heard[0].tokens == heard[1].tokens == 0
 
 
+def test_a_branch_or_map_of_served_calls_streams_plains_chunks_and_events(recording_proxy, runtime):
+    """A ``RunnableBranch`` (``create_history_aware_retriever`` is one) or a ``.map()`` whose
+    chains call ``ChatOpenAI``: which sub-chain runs, and so how it streams, is known at run
+    time only, so a caller that streams gets plain's own stream (the server's chunks, the
+    streaming request, every step's events), its requests on the served engine; ``invoke``
+    runs the graph."""
+    import asyncio
+
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableBranch, RunnableLambda
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    llm = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                     max_tokens=6)
+    answer = ChatPromptTemplate.from_template("Answer: {q}") | llm | StrOutputParser()
+    reply = ChatPromptTemplate.from_template("Reply: {q}") | llm | StrOutputParser()
+    branch = RunnableBranch((lambda x: x["t"] == "a", answer), reply)
+    x = {"t": "a", "q": QUESTIONS[0]}
+
+    def events(chain, input):
+        async def collect():
+            return [(e["event"], e["name"], getattr(e["data"].get("chunk"), "content", None),
+                     getattr(e["data"].get("chunk"), "response_metadata", None))
+                    async for e in chain.astream_events(input, version="v2")]
+        return asyncio.run(collect())
+
+    recording_proxy.replay = True  # identical requests get identical replies
+    for chain, input in ((branch, x), (RunnableLambda(lambda v: v) | answer.map(), [x])):
+        fast = TeolaRunnable(chain, runtime=runtime)
+        recording_proxy.take()
+        plain_chunks, plain_events = list(chain.stream(input)), events(chain, input)
+        sent_plain = recording_proxy.take()
+        assert list(fast.stream(input)) == plain_chunks and events(fast, input) == plain_events
+        assert bodies(recording_proxy.take()) == bodies(sent_plain)
+        assert "on_chat_model_stream" in {e[0] for e in plain_events}
+        before = relayed(runtime)
+        assert fast.invoke(input) == chain.invoke(input)
+        assert relayed(runtime) == before  # invoke: the graph run's own request, not a relayed one
+        if chain is branch:  # a stream of the branch streams its model (a .map() streams only events)
+            assert [b["stream"] for _, b in sent_plain] == [True, True]
+
+
 def test_steps_after_the_last_lowered_call_stream_through_their_own_transform(recording_proxy, runtime):
     """A lowered call followed by parsers and generators (partial JSON, a generator of
     words): the stream is plain's chunk for chunk, sync and async, the tail's steps each a

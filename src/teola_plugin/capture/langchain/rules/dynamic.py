@@ -18,6 +18,11 @@ tracer's ``SubPlanner`` (traced and optimized once per runnable and input layout
 * ``RunnableBranch``: the conditions run by their own code (in order, first truthy wins,
   as LangChain does, each run tagged ``condition:N``), then the chosen branch's lowered
   sub-graph runs (its run tagged ``branch:N`` / ``branch:default``).
+
+Whether a sub-graph's calls stream as their models do is known only when it is traced, at
+run time: a caller that streams (``stream``, ``astream_events``) runs a chain holding either
+as it is (``streams_text`` off; its model-server requests still on the served engines), so it
+streams plain's chunks and events; ``invoke`` / ``batch`` run the graph.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def _is_element_list(value: Any) -> bool:
 
 @lowering(RunnableEachBase)
 def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Value:
+    t.streams_text = False  # its elements' streams are known at run time only (above)
     if isinstance(value, Traced) and value.lines_of and _may_stream(t, value.lines_of):
         return _lower_pipelined_each(t, each, value)
     ref, planner, bound, origin = t.materialise(value), t.planner, each.bound, component_name(each)
@@ -123,6 +129,7 @@ def _lower_pipelined_each(t: LangChainTracer, each: RunnableEachBase, value: Tra
 
 @lowering(RunnableBranch)
 def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Value:
+    t.streams_text = False  # the chosen branch's stream is known at run time only (above)
     ref, planner, origin = t.materialise(value), t.planner, component_name(branch)
     cases, default = list(branch.branches), branch.default
 
