@@ -407,6 +407,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             finally:
                 context.run(chunks.close)
             return
+        if root_retriever(self.chain) is not None:  # a retriever streams its invoke: one run, one chunk
+            yield self.invoke_graph(plan, input, config)
+            return
         yield from self._transform_stream_with_config(iter([input]), self._stream_chunks,
                                                       self._bound_config(config))
 
@@ -421,7 +424,11 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     async def _astream_own_or_wrapped(self, input: Any, config: RunnableConfig | None,
                                       single: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
-        if not self._reports_own_run(await self._aplan_or_none(input)):
+        plan = await self._aplan_or_none(input)
+        if not self._reports_own_run(plan) and root_retriever(self.chain) is not None:
+            yield await self.ainvoke_graph(plan, input, config)  # as stream: one run, one chunk
+            return
+        if not self._reports_own_run(plan):
             chunks = self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config))
             async with aclosing(chunks):
                 async for chunk in chunks:

@@ -98,7 +98,9 @@ def _queries_documents(mq: Any) -> Any:
 
 
 def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
-    lists = t.branches([lambda r=r: t.lower(r, value) for r in ensemble.retrievers])
+    # each member's run tagged as EnsembleRetriever.rank_fusion's child config tags it
+    lists = t.branches([lambda i=i, r=r: t.lower(r, value, f"retriever_{i + 1}")
+                        for i, r in enumerate(ensemble.retrievers)])
     inputs = {f"in{i}": t.materialise(v) for i, v in enumerate(lists)}
     fuse_ranks = ensemble.weighted_reciprocal_rank
 
