@@ -137,6 +137,26 @@ def test_every_read_path_flushes_pending_ingestion(runtime, executor, tmp_path):
     assert list(index.vector_store.data.embedding_dict) == list(plain.vector_store.data.embedding_dict)
     assert not pending(index)
 
+    # the storage context's own stores, read directly (LlamaIndex's BM25 example builds its
+    # retriever from the docstore so): their reads go through the key-value store underneath
+    docstore_reads = (lambda i: sorted(i.storage_context.docstore.docs),
+                      lambda i: i.storage_context.docstore.document_exists(next(iter(plain.docstore.docs))),
+                      lambda i: sorted(i.storage_context.docstore.get_all_ref_doc_info()),
+                      lambda i: sorted(i.storage_context.to_dict()["doc_store"]["docstore/data"]),
+                      lambda i: sorted(i.storage_context.vector_store.to_dict()["embedding_dict"]),
+                      lambda i: [s.index_id for s in i.storage_context.index_store.index_structs()]
+                      and len(i.storage_context.index_store.get_index_struct(i.index_id).nodes_dict))
+    for read in docstore_reads:
+        index = build(runtime, 3)
+        assert pending(index) and read(index) == read(plain) and read(plain) and not pending(index)
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    index = build(runtime, 3)
+    bm25 = BM25Retriever.from_defaults(docstore=index.storage_context.docstore, similarity_top_k=2)
+    assert not pending(index)
+    assert ids(bm25.retrieve(question)) == ids(
+        BM25Retriever.from_defaults(docstore=plain.storage_context.docstore, similarity_top_k=2).retrieve(question))
+
     index = build(runtime, 3)
     executor.flush()
     assert not pending(index) and len(index._vector_store.data.embedding_dict) == len(plain.docstore.docs)

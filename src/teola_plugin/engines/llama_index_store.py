@@ -126,6 +126,12 @@ class LlamaIndexStoreEngine(Engine):
         return await asyncio.to_thread(self._search_all, requests)
 
     def _search_all(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
+        from ..llama_index.pending_ingestion import no_flush
+
+        with no_flush():  # the run searches what it joined: nodes deferred since wait for their reader
+            return self._search_each(requests)
+
+    def _search_each(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         from llama_index.core.schema import QueryBundle
 
         out = []

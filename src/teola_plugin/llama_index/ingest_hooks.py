@@ -9,11 +9,14 @@ routed to the engine (``hooks.py``). A later insert appends (stored in order). E
 that reads or changes the index or its stores stores the pending nodes first:
 ``index.vector_store`` / ``index.docstore`` (so ``ref_doc_info``), ``delete_nodes`` /
 ``delete_ref_doc`` / ``update_ref_doc`` / ``refresh_ref_docs`` / ``ainsert_nodes`` / ``ainsert``,
-``StorageContext.persist`` and the in-memory stores' own ``persist``, and every query /
+``StorageContext.persist`` and the in-memory stores' own ``persist``, every read of those
+stores (``storage_context.docstore.docs`` / ``get_document`` / ``document_exists``, the index
+store's structs, the vector store's ``get`` / ``query`` / ``to_dict``: through the key-value
+stores under them; ``BM25Retriever.from_defaults(docstore=...)`` reads so), and every query /
 retrieve not run through the executor (``hooks``). ``as_retriever`` does not flush (the next
 query joins the nodes into its graph) but gives the retriever the node ids plain LlamaIndex
-would (pending ones included). Not covered: reading ``index.storage_context.<store>.data`` or
-``index._vector_store`` directly. ``show_progress`` (LlamaIndex's embedding bar) is kept with
+would (pending ones included). Not covered: reading a store's ``data`` attribute or
+``index.index_struct`` directly. ``show_progress`` (LlamaIndex's embedding bar) is kept with
 the recorded nodes and honoured where Teola embeds them (``capture/llama_index_progress.py``).
 """
 
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +35,7 @@ from llama_index.core.storage.storage_context import StorageContext
 
 from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.storage.index_store import SimpleIndexStore
+from llama_index.core.storage.kvstore.simple_kvstore import MutableMappingKVStore, SimpleKVStore
 from llama_index.core.vector_stores import SimpleVectorStore
 
 from ..capture.llama_index_progress import embedding_bar
@@ -43,26 +46,18 @@ from .pending_ingestion import (
     PendingIngestion,
     flush_all,
     flush_index,
+    flush_stores,
+    flushing,
     hand_back,
+    no_flush,
     set_original_add_nodes,
 )
 
-_NO_FLUSH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_no_flush", default=False)
 _SAVED: dict[tuple[type, str], Any] = {}
 
 
-@contextlib.contextmanager
-def _no_flush() -> Iterator[None]:
-    """LlamaIndex's own code that only takes references (retriever construction, insert)."""
-    token = _NO_FLUSH.set(True)
-    try:
-        yield
-    finally:
-        _NO_FLUSH.reset(token)
-
-
 def _flushing(index: Any) -> None:
-    if not _NO_FLUSH.get():
+    if flushing():
         flush_index(index)
 
 
@@ -154,7 +149,7 @@ def _async_add_nodes(original: Callable[..., Any]) -> Callable[..., Any]:
 def _as_retriever(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def as_retriever(self: Any, **kwargs: Any) -> Any:
-        with _no_flush():
+        with no_flush():
             retriever = original(self, **kwargs)
         state = PendingIngestion.of(self)
         if state is not None and state.has_work() and getattr(retriever, "_node_ids", None) is not None:
@@ -168,7 +163,7 @@ def _as_retriever(original: Callable[..., Any]) -> Callable[..., Any]:
 def _without_flush(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        with _no_flush():
+        with no_flush():
             return original(*args, **kwargs)
 
     return call
@@ -199,6 +194,16 @@ def _flush_property(original: property) -> property:
     return property(get, original.fset, original.fdel, original.__doc__)
 
 
+def _store_read(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A read of an in-memory store: the pending nodes of the indexes storing into it first."""
+    @functools.wraps(original)
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        flush_stores(self)
+        return original(self, *args, **kwargs)
+
+    return read
+
+
 def _persist(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def persist(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -226,6 +231,16 @@ _HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
     (BaseIndex, "arefresh_ref_docs", _flush_first),
     (VectorStoreIndex, "ainsert_nodes", _flush_first),
     (BaseIndex, "ainsert", _flush_first),
+    # reads of the in-memory stores themselves (a docstore's and an index store's go through
+    # their key-value store; async reads call these); LlamaIndex's own writes while building
+    # or inserting only put, so they do not flush what they just deferred
+    (MutableMappingKVStore, "get", _store_read),
+    (MutableMappingKVStore, "get_all", _store_read),
+    (SimpleKVStore, "to_dict", _store_read),
+    (SimpleVectorStore, "get", _store_read),
+    (SimpleVectorStore, "get_nodes", _store_read),
+    (SimpleVectorStore, "query", _store_read),
+    (SimpleVectorStore, "to_dict", _store_read),
     (StorageContext, "persist", _persist),
     (SimpleVectorStore, "persist", _persist),
     (SimpleDocumentStore, "persist", _persist),

@@ -9,7 +9,9 @@ first:
 * the next query / retrieve through the executor on that index, which claims them and embeds
   and inserts them in its own graph (``capture/llama_index_ingest.py``: ``join_pending``;
   committed in node order whatever order shards finish in: :class:`Claim`);
-* any other read or write of the index or its stores, which flushes first (``ingest_hooks.py``);
+* any other read or write of the index, or read of its in-memory stores (the docstore's and
+  index store's key-value store, the vector store: ``storage_context.docstore.docs``,
+  ``to_dict()``), which flushes first (``ingest_hooks.py``; :func:`flush_stores`);
 * the idle flush: a background thread stores what nobody claimed within ``idle_flush_s``
   (``TeolaExecutor``), so pending state is bounded in time.
 
@@ -23,9 +25,12 @@ starts engines while the process ends.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +63,44 @@ _ADD_NODES: Any = None  # VectorStoreIndex._add_nodes_to_index as LlamaIndex wro
 def set_original_add_nodes(fn: Any) -> None:
     global _ADD_NODES
     _ADD_NODES = fn
+
+
+_NO_FLUSH: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_no_flush", default=False)
+
+
+@contextlib.contextmanager
+def no_flush() -> Iterator[None]:
+    """Inside, reading the index or its stores does not store pending nodes first: LlamaIndex's
+    own code storing them (a flush, a run's inserts) or only taking references (retriever
+    construction, insert), and a lowered search (it searches what its run joined)."""
+    token = _NO_FLUSH.set(True)
+    try:
+        yield
+    finally:
+        _NO_FLUSH.reset(token)
+
+
+def flushing() -> bool:
+    """Does a read of an index or its stores made now store their pending nodes first?"""
+    return not _NO_FLUSH.get()
+
+
+def stores_of(index: Any) -> list[Any]:
+    """What ``index`` stores into: its vector stores, and the key-value stores under its
+    docstore and index store (every read of those goes through them)."""
+    context = index._storage_context
+    return [index._vector_store, *context.vector_stores.values(),
+            getattr(context.docstore, "_kvstore", None), getattr(context.index_store, "_kvstore", None)]
+
+
+def flush_stores(store: Any) -> None:
+    """Store the pending nodes of every index storing into ``store`` before it is read: plain
+    LlamaIndex had stored them when the call that added them returned."""
+    if not _REGISTRY or _NO_FLUSH.get():  # the common case: nothing pending
+        return
+    for state in pending_states():
+        if state.has_work() and any(s is store for s in stores_of(state.index)):
+            state.flush()
 
 
 class PendingIngestion:
@@ -213,7 +256,7 @@ class Claim:
         return out
 
     def _store(self, batch: PendingBatch, nodes: list[Any]) -> None:
-        with framework_passthrough():  # the nodes carry their vectors: nothing is embedded again
+        with framework_passthrough(), no_flush():  # the nodes carry their vectors: nothing is embedded again
             _ADD_NODES(self.state.index, batch.index_struct, nodes, **batch.insert_kwargs)
 
     def commit_eagerly(self) -> None:
@@ -221,8 +264,9 @@ class Claim:
         through the executor when one is installed)."""
         for k in range(self.batch_i, len(self.batches)):
             b = self.batches[k]
-            _ADD_NODES(self.state.index, b.index_struct, b.nodes[self.node_i:], show_progress=b.show_progress,
-                       **b.insert_kwargs)
+            with no_flush():  # its own reads of the stores it is filling
+                _ADD_NODES(self.state.index, b.index_struct, b.nodes[self.node_i:], show_progress=b.show_progress,
+                           **b.insert_kwargs)
             self.batch_i, self.node_i = k + 1, 0
         self._finish()
 
