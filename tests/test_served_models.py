@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import httpx
@@ -567,6 +568,8 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     plain_tokens = list(plain.response_gen)
     sent_plain = recording_proxy.take()
     streamed = executor.query(engine, QUESTIONS[1])
+    time.sleep(1)
+    assert recording_proxy.take() == []  # as plain's, the model request waits for the stream to be read
     tokens = list(streamed.response_gen)
     # token for token: one per chunk of the server's, its empty role chunk first, no token of Teola's own
     assert type(streamed) is type(plain) and tokens == plain_tokens and len(tokens) > 1 and plain_tokens[0] == ""
@@ -574,7 +577,11 @@ def test_streamed_calls_send_plains_streaming_request_and_stream_its_tokens(reco
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
 
     async def async_tokens(query) -> list[str]:
-        return [t async for t in (await query(engine, QUESTIONS[1])).async_response_gen()]
+        recording_proxy.take()
+        response = await query(engine, QUESTIONS[1])
+        await asyncio.sleep(1)
+        assert recording_proxy.take() == []  # nothing sent before the stream is read
+        return [t async for t in response.async_response_gen()]
 
     assert asyncio.run(async_tokens(executor.aquery)) == asyncio.run(async_tokens(lambda e, q: e.aquery(q))) \
         == plain_tokens

@@ -468,7 +468,8 @@ class TeolaExecutor:
     def _streaming_response(self, planner: Any, query: QueryBundle, nodes: list[Any], query_id: str,
                             started: float, async_: bool = False) -> Any:
         """LlamaIndex's (Async)StreamingResponse whose tokens come from the synthesis run, which
-        starts now and streams its final decode (graph output ``stream``) into a queue."""
+        starts when the stream is first read (as plain's model request does) and streams its
+        final decode (graph output ``stream``) into a queue."""
         synth = planner.synthesizer
         if not nodes:  # as BaseSynthesizer: no LLM call, the empty answer as the stream
             gen = synth._empty_response_agenerator() if async_ else synth._empty_response_generator()
@@ -481,18 +482,25 @@ class TeolaExecutor:
 
     def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool,
                       engines: EngineNeeds | None = None) -> Any:
-        """Run ``graph`` now (``engines`` provided first); a (sync or async) generator of the
-        tokens of its ``stream`` output's decode. A failure of the run surfaces where the
-        stream is read; a stream abandoned early stops the run."""
+        """A (sync or async) generator of the tokens of ``graph``'s ``stream`` output's decode,
+        which runs ``graph`` (``engines`` provided first) when it is first read: plain's
+        streamed model request is sent then too, so a stream nobody reads sends nothing. The
+        run gets what is left of the query's budget now. A failure of the run surfaces where
+        the stream is read; a stream abandoned early stops the run."""
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         self.last_query_id = query_id
-        future = self.runtime.submit(self.runtime.execute(
-            graph, {}, query_id=query_id, timeout_s=self._left(started), on_token=tokens.put,
-            token_nodes=token_nodes, engines=engines))
-        future.add_done_callback(lambda _: tokens.put(_END))
+        left = self._left(started)
+
+        def start() -> Any:
+            future = self.runtime.submit(self.runtime.execute(
+                graph, {}, query_id=query_id, timeout_s=left, on_token=tokens.put, token_nodes=token_nodes,
+                engines=engines))
+            future.add_done_callback(lambda _: tokens.put(_END))
+            return future
 
         def token_gen() -> Iterator[str]:
+            future = start()
             try:
                 while (token := tokens.get()) is not _END:
                     yield token
@@ -501,6 +509,7 @@ class TeolaExecutor:
                 future.cancel()  # no-op once done
 
         async def async_token_gen() -> AsyncIterator[str]:
+            future = start()
             try:
                 while (token := await asyncio.to_thread(tokens.get)) is not _END:
                     yield token
