@@ -225,6 +225,32 @@ def test_streaming_query_engine_streams_the_same_tokens(runtime, index, llm, exe
 
 
 # -- the drop-in hook ------------------------------------------------------------------------------
+def test_a_lowered_query_engine_reports_plains_query_callback_event(runtime, index, llm, executor):
+    """``LlamaDebugHandler.get_event_pairs(CBEventType.QUERY)``, as LlamaIndex's docs use it: a
+    lowered ``RetrieverQueryEngine``'s query (sync, async) reports the one QUERY event its own
+    ``_query`` opens, with plain's query string and response."""
+    import asyncio
+
+    from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    debug = LlamaDebugHandler()
+    query_engine = RetrieverQueryEngine.from_args(index.as_retriever(similarity_top_k=2), llm=llm,
+                                                  callback_manager=CallbackManager([debug]))
+
+    def query_events(call) -> list[tuple[str, str]]:
+        debug.flush_event_logs()
+        call()
+        return [(start.payload[EventPayload.QUERY_STR], str(end.payload[EventPayload.RESPONSE]))
+                for start, end in debug.get_event_pairs(CBEventType.QUERY)]
+
+    plain = query_events(lambda: query_engine.query(QUESTIONS[0]))
+    assert executor.traced(query_engine).opaque == []
+    assert query_events(lambda: executor.query(query_engine, QUESTIONS[0])) == plain
+    assert query_events(lambda: asyncio.run(executor.aquery(query_engine, QUESTIONS[0]))) == plain
+    assert len(plain) == 1 and plain[0][0] == QUESTIONS[0]
+
+
 def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
     retriever = index.as_retriever(similarity_top_k=3)

@@ -128,6 +128,8 @@ class TracedApp(Trace):
     streaming_synthesis: Any = None
     # Pending document ingestion this trace saw (capture/llama_index_ingest.py: Join).
     ingestions: list[Any] = field(default_factory=list)
+    # The target was lowered by a rule (its own ``_query`` / ``_retrieve`` does not run).
+    root_lowered: bool = False
 
     def inputs_for(self, query: Any) -> dict[str, Any]:
         """Graph inputs for one ``QueryBundle``."""
@@ -239,6 +241,7 @@ class LlamaIndexTracer:
     def lower_query_engine(self, engine: Any, root: bool = False) -> dict[str, Ref]:
         lowered, reason = self._by_rule(QUERY_ENGINE_RULES, engine, "query engine")
         if lowered is not _DECLINED:
+            self.traced.root_lowered |= root
             return lowered
         # The executor's entry point already ran ``query``'s instrumentation around the whole
         # run: the engine itself, unlowered, is its ``_query`` (unless it redefines ``query``).

@@ -254,25 +254,33 @@ class TeolaExecutor:
             with framework_passthrough():
                 return query_engine._query(bundle)
         app, graph = self._plan(query_engine)
-        query_id, started = _new_query_id(), time.monotonic()
-        outputs = self._run_sync(app, graph, bundle, query_id)
-        if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, started)
-        return outputs["response"]
+        with instrumentation.query_event(query_engine, bundle, app.root_lowered) as finish:
+            query_id, started = _new_query_id(), time.monotonic()
+            outputs = self._run_sync(app, graph, bundle, query_id)
+            if app.streaming_synthesis is not None:
+                response = self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id,
+                                                    started)
+            else:
+                response = outputs["response"]
+            finish(response)
+        return response
 
     async def _aquery(self, query_engine: Any, bundle: QueryBundle) -> Any:
         if not isinstance(bundle, QueryBundle):
             with framework_passthrough():
                 return await query_engine._aquery(bundle)
         app, graph = await self._aplan(query_engine)
-        query_id, started = _new_query_id(), time.monotonic()
-        outputs = await self._run_async(app, graph, bundle, query_id)
-        if app.streaming_synthesis is not None:
-            return self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id, started,
-                                            async_=True)
-        response = outputs["response"]
-        if isinstance(response, StreamingResponse):  # an opaque step streamed through LlamaIndex's sync path
-            return as_async_streaming(response)
+        with instrumentation.query_event(query_engine, bundle, app.root_lowered) as finish:
+            query_id, started = _new_query_id(), time.monotonic()
+            outputs = await self._run_async(app, graph, bundle, query_id)
+            if app.streaming_synthesis is not None:
+                response = self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id,
+                                                    started, async_=True)
+            else:
+                response = outputs["response"]
+                if isinstance(response, StreamingResponse):  # an opaque step streamed through LlamaIndex's sync path
+                    response = as_async_streaming(response)
+            finish(response)
         return response
 
     def _retrieve(self, retriever: Any, bundle: QueryBundle) -> list[Any]:

@@ -6,7 +6,9 @@ dispatcher span, emit ``QueryStartEvent`` / ``QueryEndEvent`` (``RetrievalStartE
 event). The hooks replace those methods with the executor's entry points, which run
 inside the functions here: the same instrumentation, with the same dispatchers and span names
 (``RetrieverQueryEngine.query-<uuid>``): event, span and callback handlers (Langfuse,
-Phoenix, token counters) see a query Teola ran where they see a plain one. The steps that
+Phoenix, token counters) see a query Teola ran where they see a plain one; a lowered query
+engine whose own ``_query`` reports a ``QUERY`` callback event gets it too (:func:`query_event`:
+``LlamaDebugHandler.get_event_pairs(CBEventType.QUERY)``). The steps that
 stay opaque run LlamaIndex's own code in the caller's context (context variables flow
 through the runtime loop into worker threads), so their spans nest under this one; the
 lowered primitives (embed, search, LLM prefill / decode) run on the engines and emit no
@@ -15,8 +17,9 @@ LlamaIndex events of their own.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from llama_index.core.base import base_query_engine, base_retriever
@@ -111,3 +114,24 @@ async def ainstrumented(method: Any, target: Any, str_or_query_bundle: Any,
         return await method.__get__(target, type(target))(str_or_query_bundle)
     finally:
         _RUN.reset(token)
+
+
+def _reports_query_event(engine: Any) -> bool:
+    """Does ``engine``'s own ``_query`` / ``_aquery`` wrap its work in a ``QUERY`` callback
+    event (LlamaIndex's own engines that Teola lowers, by their source)?"""
+    from llama_index.core.query_engine import (CitationQueryEngine, RetrieverQueryEngine, RouterQueryEngine,
+                                               SubQuestionQueryEngine)
+
+    return type(engine) in (RetrieverQueryEngine, CitationQueryEngine, SubQuestionQueryEngine, RouterQueryEngine)
+
+
+@contextlib.contextmanager
+def query_event(engine: Any, bundle: QueryBundle, lowered: bool) -> Iterator[Callable[[Any], None]]:
+    """The callback ``QUERY`` event ``engine``'s own ``_query`` opens, around a lowered run of
+    it (an engine running its own code reports its own); yields ``finish(response)``, which
+    ends it with the response as plain does. An exception is reported as plain's is."""
+    if not lowered or not _reports_query_event(engine):
+        yield lambda response: None
+        return
+    with engine.callback_manager.event(CBEventType.QUERY, payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
+        yield lambda response: event.on_end(payload={EventPayload.RESPONSE: response})
