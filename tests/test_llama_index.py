@@ -326,6 +326,35 @@ class FixedRetriever(BaseRetriever):
         return self.inner.retrieve(query_bundle)[::-1]
 
 
+def test_cpu_postprocessors_of_the_docs_are_lowered_with_plains_nodes(runtime, llm, executor):
+    """``PrevNextNodePostprocessor`` (reads the docstore), ``FixedRecencyPostprocessor`` and
+    ``KeywordNodePostprocessor`` run their own code as CPU steps of the graph: nothing opaque,
+    plain's sources and answer (and plain's ImportError where spaCy is missing)."""
+    from llama_index.core.node_parser import SentenceSplitter
+    from llama_index.core.postprocessor import (FixedRecencyPostprocessor, KeywordNodePostprocessor,
+                                                PrevNextNodePostprocessor)
+
+    passages = datasets.load_corpus("squad-xquad-en")[:6]
+    docs = [Document(text=p.text, metadata={"date": f"2024-0{i + 1}-01"}, id_=p.id) for i, p in enumerate(passages)]
+    small = VectorStoreIndex.from_documents(docs, embed_model=TeolaEmbedding(runtime=runtime),
+                                            transformations=[SentenceSplitter(chunk_size=64, chunk_overlap=0)])
+    for postprocessors in ([PrevNextNodePostprocessor(docstore=small.docstore, num_nodes=1, mode="both")],
+                           [FixedRecencyPostprocessor(top_k=2, date_key="date")],
+                           [KeywordNodePostprocessor(required_keywords=["the"])]):
+        engine = small.as_query_engine(llm=llm, similarity_top_k=3, node_postprocessors=postprocessors)
+        assert executor.traced(engine).opaque == []
+        try:
+            plain = engine.query(QUESTIONS[0])
+        except ImportError as missing:  # KeywordNodePostprocessor without spaCy
+            with pytest.raises(ImportError) as teola:
+                executor.query(engine, QUESTIONS[0])
+            assert str(teola.value) == str(missing)
+            continue
+        assert_same_response(executor.query(engine, QUESTIONS[0]), plain)
+        if isinstance(postprocessors[0], PrevNextNodePostprocessor):
+            assert len(plain.source_nodes) > 3  # the neighbours came from the docstore
+
+
 def test_unknown_components_stay_opaque_and_answer_right(runtime, index, llm, executor):
     engine = index.as_query_engine(llm=llm, similarity_top_k=3,
                                    node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=0.0),

@@ -7,8 +7,8 @@
   engine for a served model) -> query vector -> ``vector_search`` on the
   user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
   step.
-* Node postprocessors that are plain functions of (nodes, query): the framework's own
-  ``postprocess_nodes`` as a pure CPU step.
+* Node postprocessors that are plain functions of (nodes, query) (and of the docstore:
+  ``PrevNextNodePostprocessor``): the framework's own ``postprocess_nodes`` as a CPU step.
 * ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` / ``TreeSummarize`` /
   ``Accumulate`` / ``CompactAndAccumulate`` / ``Generation`` with a TeolaLLM: a run-time
   expansion into LLM-call chains (``llama_index_synthesis``). A streaming synthesizer runs
@@ -21,8 +21,11 @@ from typing import Any
 
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
 from llama_index.core.postprocessor import (
+    FixedRecencyPostprocessor,
+    KeywordNodePostprocessor,
     LongContextReorder,
     MetadataReplacementPostProcessor,
+    PrevNextNodePostprocessor,
     SimilarityPostprocessor,
 )
 from llama_index.core.query_engine.citation_query_engine import CitationQueryEngine
@@ -130,12 +133,15 @@ def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRet
                        pure=not retriever.object_map)
 
 
-@lowering_rule(POSTPROCESSOR_RULES, SimilarityPostprocessor, LongContextReorder, MetadataReplacementPostProcessor)
+@lowering_rule(POSTPROCESSOR_RULES, SimilarityPostprocessor, LongContextReorder, MetadataReplacementPostProcessor,
+               FixedRecencyPostprocessor, KeywordNodePostprocessor, PrevNextNodePostprocessor)
 def lower_cpu_postprocessor(tr: LlamaIndexTracer, postprocessor: Any, nodes: Ref) -> Ref:
-    """Pure functions of (nodes, query): nothing to schedule but the framework's own code."""
+    """Functions of (nodes, query), and of the docstore for ``PrevNextNodePostprocessor``:
+    nothing to schedule but the framework's own code."""
+    reads_docstore = isinstance(postprocessor, PrevNextNodePostprocessor)  # not pure: the docstore changes
     return tr.cpu_step("postprocess",
                        lambda nodes, query: postprocessor.postprocess_nodes(nodes, query_bundle=query),
-                       {"nodes": nodes, "query": tr.query}, type(postprocessor).__name__)
+                       {"nodes": nodes, "query": tr.query}, type(postprocessor).__name__, pure=not reads_docstore)
 
 
 @lowering_rule(SYNTHESIZER_RULES, *LLM_SYNTHESIZERS)
