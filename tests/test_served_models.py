@@ -1111,6 +1111,19 @@ def test_a_lowered_calls_start_reports_plains_messages_and_metadata(recording_pr
         assert [m.id for m in messages if m.id] == ["m1", "m2"] + (["m3"] if chain is direct else [])
         assert ls["ls_integration"] == "langchain_chat_model" and ls["ls_model_name"] == SERVED_NAME
 
+    # model.with_config(callbacks=[handler]): the handler hears the lowered call as plain's
+    bound_handler = Heard()
+    bound = ChatPromptTemplate.from_messages([("human", "{q}")]) | model.with_config(callbacks=[bound_handler]) \
+        | StrOutputParser()
+    teola = TeolaRunnable(bound, runtime=runtime)
+    assert teola._plan({"q": "Name a fruit."}).trace.opaque == []
+    heard, answers = [], []
+    for run in (bound.invoke, teola.invoke):
+        bound_handler.starts.clear()
+        answers.append(run({"q": "Name a fruit."}))
+        heard.append(list(bound_handler.starts))
+    assert heard[1] == heard[0] and len(heard[0]) == 1 and answers[1] == answers[0]
+
 
 def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_counters(recording_proxy, squad_index,
                                                                                        executor):

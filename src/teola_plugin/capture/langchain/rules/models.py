@@ -154,6 +154,9 @@ def lower_model(t: LangChainTracer, model: BaseLanguageModel, value: Value) -> V
 
 
 TRACING_ONLY_CONFIG = {"tags", "metadata", "run_name", "max_concurrency", "recursion_limit"}
+# A model binding's config keys its lowered call reports as plain's would: ``callbacks``
+# (``model.with_config(callbacks=[handler])``) hear the model's run, as the binding's merge adds them.
+MODEL_RUN_CONFIG = {"callbacks"}
 
 
 def _plain_bindings() -> tuple[type, ...]:
@@ -170,17 +173,19 @@ def _plain_bindings() -> tuple[type, ...]:
 def lower_binding(t: LangChainTracer, binding: RunnableBinding, value: Value) -> Value:
     """``model.bind(stop=...)`` runs the model with that stop (a served chat model's
     ``bind_tools(...)`` with those tools: ``served.py``); ``x.with_config(tags=...)`` runs
-    ``x`` (those keys only name the run for tracing; a model's call run keeps them). A chat
-    model's binding (``_ChatModelBinding``) is the same binding."""
+    ``x`` (those keys only name the run for tracing; a model's call run keeps them, and a
+    model's ``callbacks`` hear its run). A chat model's binding (``_ChatModelBinding``) is the
+    same binding."""
     if type(binding) not in _plain_bindings() or binding.config_factories:
         raise NotLowerable(f"{type(binding).__name__} with config factories or a custom binding")
-    extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG)
+    is_model = isinstance(binding.bound, BaseLanguageModel)
+    extra_config = sorted(set(binding.config) - TRACING_ONLY_CONFIG - (MODEL_RUN_CONFIG if is_model else set()))
     if extra_config:
         raise NotLowerable(f"config {extra_config} changes how the bound runnable runs")
     kwargs = dict(binding.kwargs)
-    if isinstance(binding.bound, BaseLanguageModel):
+    if is_model:
         stop = kwargs.pop("stop", None)
-        tracing = {k: binding.config[k] for k in ("run_name", "tags", "metadata") if binding.config.get(k)}
+        tracing = {k: binding.config[k] for k in ("run_name", "tags", "metadata", "callbacks") if binding.config.get(k)}
         return _lower_call(t, binding.bound, value, None if stop is None else list(stop), tracing,
                            t.step_tag_of(binding), kwargs)
     if kwargs:
