@@ -84,14 +84,58 @@ def test_reranker_compression_is_lowered_and_equals_the_compressor(runtime, retr
     assert TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1]) == chain.invoke(QUESTIONS[1])
 
 
+def test_an_embeddings_filter_embeds_on_the_engine_and_filters_as_plain(runtime, retriever):
+    """``EmbeddingsFilter`` (LangChain's contextual-compression docs): the documents' and the
+    query's embeddings on the embedder engine, then its own filtering; the same documents,
+    in the same order, with the same similarity states, by ``k`` and by threshold (one between
+    the scores: it keeps some and drops others)."""
+    wide = retriever.vectorstore.as_retriever(search_kwargs={"k": 6})
+    embeddings = TeolaEmbeddings(runtime=runtime)
+    scores = [d.state["query_similarity_score"] for d in
+              EmbeddingsFilter(embeddings=embeddings, k=6).compress_documents(wide.invoke(QUESTIONS[0]), QUESTIONS[0])]
+    for compressor in (EmbeddingsFilter(embeddings=embeddings, similarity_threshold=float(scores[0] + scores[-1]) / 2),
+                       EmbeddingsFilter(embeddings=embeddings, k=2)):
+        compression = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=wide)
+        fast = TeolaRunnable(compression, runtime=runtime)
+        assert fast._plan(QUESTIONS[0]).trace.opaque == []
+        assert ops_of(fast, QUESTIONS[0]).count("embed") == 3  # the search's query, the documents, the query
+        for q in QUESTIONS[:2]:
+            expected = compression.invoke(q)
+            got = fast.invoke(q)
+            assert got == expected and [d.state["query_similarity_score"] for d in got] == pytest.approx(
+                [d.state["query_similarity_score"] for d in expected], abs=1e-5)
+        assert 0 < len(compression.invoke(QUESTIONS[0])) < 6
+    # HuggingFaceEmbeddings of the embedder's model, as the docs write it: the engine batches
+    # the texts its own way, so the vectors (kept in each document's state) agree to 1e-5
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    from teola_plugin.engines.embedder import default_model_path
+
+    compressor = EmbeddingsFilter(embeddings=HuggingFaceEmbeddings(model_name=str(default_model_path())), k=3)
+    compression = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=wide)
+    fast = TeolaRunnable(compression, runtime=runtime)
+    assert fast._plan(QUESTIONS[0]).trace.opaque == []
+    for q in QUESTIONS[:2]:
+        expected, got = compression.invoke(q), fast.invoke(q)
+        assert [(d.page_content, d.metadata) for d in got] == [(d.page_content, d.metadata) for d in expected]
+        for mine, theirs in zip(got, expected):
+            assert mine.state["query_similarity_score"] == pytest.approx(theirs.state["query_similarity_score"], abs=1e-5)
+            assert mine.state["embedded_doc"] == pytest.approx(theirs.state["embedded_doc"], abs=1e-5)
+
+
 def test_other_compressors_run_unchanged_with_a_reason(runtime, retriever):
-    compressor = EmbeddingsFilter(embeddings=TeolaEmbeddings(runtime=runtime), similarity_threshold=0.3)
-    compression = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=retriever)
+    from langchain_core.documents.compressor import BaseDocumentCompressor
+
+    class FirstTwo(BaseDocumentCompressor):
+        def compress_documents(self, documents, query, callbacks=None):
+            return list(documents)[:2]
+
+    compression = ContextualCompressionRetriever(base_compressor=FirstTwo(), base_retriever=retriever)
     fast = TeolaRunnable(compression, runtime=runtime)
     for q in QUESTIONS[:2]:
         assert fast.invoke(q) == compression.invoke(q)
     explanation = fast.explain(QUESTIONS[0])
-    assert "EmbeddingsFilter" in explanation and "is not a TeolaReranker" in explanation
+    assert "FirstTwo" in explanation and "is not a TeolaReranker" in explanation
     assert "vector_search" in ops_of(fast, QUESTIONS[0])  # the base retriever is still lowered
 
 

@@ -15,7 +15,8 @@ unchanged); what combines them runs by the composite's own code, so results are 
   ones dropped), in one CPU step.
 * ``ContextualCompressionRetriever``: the base retriever is lowered; a ``TeolaReranker``
   compressor becomes hits -> ``rerank`` (on its engine) -> documents (``documents.py``,
-  the same conversion the compressor uses when called directly); any other compressor
+  the same conversion the compressor uses when called directly); an ``EmbeddingsFilter``
+  embeds on the embedder engine (``embeddings_filter.py``); any other compressor
   (``CrossEncoderReranker``, LLM extractors, ...) runs its own ``compress_documents``
   unchanged as one opaque primitive.
 """
@@ -35,6 +36,7 @@ from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowerin
 from ...overrides import overridden
 from ..values import Kind, Record, Traced, Value
 from .callbacks import retriever_reporters
+from .embeddings_filter import is_embeddings_filter, lower_embeddings_filter
 from .retrievers import BY_VECTOR, check_vector_retriever, reported_search, search_lists
 
 
@@ -169,6 +171,10 @@ def lower_compression(t: LangChainTracer, retriever: Any, value: Value) -> Value
         back = t.add(Op.OPAQUE, name="to_documents", inputs={"docs": docs, "hits": rerank.out()},
                      outputs=[OUT], origin=origin, attrs={"fn": _async(hits_to_documents), "pure": True})
         return Traced(back.out(OUT), Kind.DOCUMENTS)
+    if is_embeddings_filter(compressor):
+        filtered = lower_embeddings_filter(t, compressor, docs, query)
+        if filtered is not None:
+            return Traced(filtered, Kind.DOCUMENTS)
     compress, acompress = compressor.compress_documents, compressor.acompress_documents
 
     async def compress_unchanged(docs: Any, query: Any) -> Any:

@@ -138,21 +138,26 @@ def search_lists(t: LangChainTracer, retriever: VectorStoreRetriever, embedding:
     origin = component_name(retriever)
     store = retriever.vectorstore
     index, engine = t.store_input(store)
-    if embedding.prepare is not None:
-        prepare = embedding.prepare
-
-        async def prepared(texts: list[str]) -> list[str]:
-            return [prepare(text) for text in texts]
-
-        queries = t.add(Op.OPAQUE, name="prepare_texts", inputs={"texts": queries}, outputs=["out"],
-                        attrs={"fn": prepared, "pure": True}, origin=origin).out("out")
-    vectors = query_vectors(t, embedding, queries, n_queries, origin)
+    vectors = embedded_texts(t, embedding, queries, n_queries, origin)
     how = store_search(retriever)
     search = t.add(Op.VECTOR_SEARCH, name="vector_search", engine=engine,
                    inputs={"index": index, "vectors": vectors},
                    attrs={"top_k": int(how.kwargs["k"]), "store_search": how, "est_items": n_queries},
                    origin=origin)
     return search.out()
+
+
+def embedded_texts(t: LangChainTracer, embedding: EmbeddingCall, texts: Ref, n_texts: int, origin: str) -> Ref:
+    """One vector per text, after the model's own text preparation (if any)."""
+    if embedding.prepare is not None:
+        prepare = embedding.prepare
+
+        async def prepared(texts: list[str]) -> list[str]:
+            return [prepare(text) for text in texts]
+
+        texts = t.add(Op.OPAQUE, name="prepare_texts", inputs={"texts": texts}, outputs=["out"],
+                      attrs={"fn": prepared, "pure": True}, origin=origin).out("out")
+    return query_vectors(t, embedding, texts, n_texts, origin)
 
 
 def query_vectors(t: LangChainTracer, embedding: EmbeddingCall, queries: Ref, n_queries: int, origin: str) -> Ref:
