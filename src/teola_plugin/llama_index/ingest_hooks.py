@@ -7,7 +7,7 @@ index is LlamaIndex's in-memory one (``ingestion_policy.py``; ``pending_ingestio
 them); otherwise LlamaIndex's own code stores them before the call returns, with the embedding
 routed to the engine (``hooks.py``). A later insert appends (stored in order). Everything else
 that reads or changes the index or its stores stores the pending nodes first:
-``index.vector_store`` / ``index.docstore`` (so ``ref_doc_info``), ``delete_nodes`` /
+``index.vector_store`` / ``index.docstore`` / ``index.ref_doc_info``, ``delete_nodes`` /
 ``delete_ref_doc`` / ``update_ref_doc`` / ``refresh_ref_docs`` / ``ainsert_nodes`` / ``ainsert``,
 ``StorageContext.persist`` and the in-memory stores' own ``persist``, every read of those
 stores (``storage_context.docstore.docs`` / ``get_document`` / ``document_exists``, the index
@@ -221,6 +221,7 @@ _HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
     (BaseIndex, "insert", _without_flush),
     (VectorStoreIndex, "vector_store", _flush_property),
     (BaseIndex, "docstore", _flush_property),
+    (VectorStoreIndex, "ref_doc_info", _flush_property),  # it reads index_struct before the docstore
     (VectorStoreIndex, "delete_nodes", _flush_first),
     (VectorStoreIndex, "adelete_nodes", _flush_first),
     (VectorStoreIndex, "delete_ref_doc", _flush_first),
