@@ -1125,6 +1125,48 @@ def test_a_lowered_calls_start_reports_plains_messages_and_metadata(recording_pr
     assert heard[1] == heard[0] and len(heard[0]) == 1 and answers[1] == answers[0]
 
 
+def test_partial_variables_render_as_plain(recording_proxy, runtime):
+    """``prompt.partial(...)`` as LangChain's docs use it: a caller's value for a partial
+    variable wins (``partial(chat_history=[])`` then a history per call), and a function
+    partial is called once per call, its one value in the request, the prompt's run and the
+    model's reported input."""
+    from langchain_core.messages import HumanMessage
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.tracers.context import collect_runs
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    calls = []
+
+    def today() -> str:
+        calls.append(1)
+        return f"day {len(calls)}"
+
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", max_tokens=6,
+                       temperature=0)
+    prompt = ChatPromptTemplate.from_messages([("system", "Today is {date}. Speak {lang}."),
+                                               MessagesPlaceholder("history"), ("human", "{q}")])
+    chain = prompt.partial(date=today, lang="French", history=[]) | model | StrOutputParser()
+    given = {"q": "Hello", "lang": "German", "history": [HumanMessage("I am Carl.")]}
+    recording_proxy.replay = True
+    seen = []
+    for run in (chain, TeolaRunnable(chain, runtime=runtime)):
+        calls.clear()
+        recording_proxy.take()
+        with collect_runs() as runs:
+            answer = run.invoke(given)
+        (body,) = [b for _, b in recording_proxy.take()]
+        children = {r.name: r for r in runs.traced_runs[0].child_runs}
+        seen.append((answer, len(calls), body["messages"],
+                     children["ChatPromptTemplate"].outputs["output"].to_messages(),
+                     children["ChatOpenAI"].inputs))
+    assert seen[1] == seen[0] and seen[0][1] == 1
+    assert seen[0][2][0]["content"] == "Today is day 1. Speak German." and seen[0][2][1]["content"] == "I am Carl."
+    assert TeolaRunnable(chain, runtime=runtime)._plan(given).trace.opaque == []
+
+
 def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_counters(recording_proxy, squad_index,
                                                                                        executor):
     """LlamaIndex's token-counting docs with a streaming query engine: the call's end event

@@ -4,7 +4,9 @@ A template is not rendered where it appears: it becomes a ``PendingPrompt`` that
 consuming it fuses into its own ``format`` (template + the model's input conversion, one
 primitive), which is what prefill splitting looks for. For a completion model and an
 f-string ``PromptTemplate`` the format also carries ``parts`` (the template's literal text
-and variables), so the optimizer can see the prompt's static prefix.
+and variables), so the optimizer can see the prompt's static prefix. Partial variables:
+the caller's value for one wins; a function partial is called once per run
+(:func:`evaluated_partials`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 
 from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 
-from ..tracer import NotLowerable, LangChainTracer, component_name, lowering
+from ....ir.ops import Op
+from ..tracer import OUT, NotLowerable, LangChainTracer, component_name, lowering
 from ..values import Kind, PendingPrompt, Record, Traced, Value
 
 
@@ -30,13 +33,41 @@ def template_variables(template: BasePromptTemplate, value: Value) -> Record:
     missing = [v for v in required if v not in fields]
     if missing:
         raise NotLowerable(f"input lacks {missing}; the template reports that itself")
-    optional = [v for v in getattr(template, "optional_variables", ()) if v in fields]
-    return Record.of({v: fields[v] for v in [*required, *optional]})
+    # Optional variables, and partial ones the input gives (the caller's value wins over the
+    # partial's, as the template's own merge of partial and user variables has it).
+    given = [*getattr(template, "optional_variables", ()), *template.partial_variables]
+    extra = [v for v in dict.fromkeys(given) if v in fields and v not in required]
+    return Record.of({v: fields[v] for v in [*required, *extra]})
+
+
+def evaluated_partials(t: LangChainTracer, template: BasePromptTemplate,
+                       variables: Record) -> tuple[BasePromptTemplate, Record]:
+    """A template's function partials (``.partial(date=today)``) called once per run. Plain's
+    format calls each once and uses its value everywhere; Teola renders a prompt more than
+    once (the request, the prompt run's output, the model's reported input), so each such
+    function is a primitive called once per run, and its value a variable of a copy of the
+    template without that partial (a caller's value for the key wins, as in plain)."""
+    given = variables.as_dict()
+    called = {k: fn for k, fn in template.partial_variables.items() if callable(fn) and k not in given}
+    if not called:
+        return template, variables
+    for key, fn in called.items():
+        async def call(fn: Any = fn) -> Any:
+            return fn()
+
+        prim = t.add(Op.OPAQUE, name=f"partial_{key}", inputs={}, outputs=[OUT], origin=component_name(template),
+                     attrs={"fn": call, "pure": False})
+        given[key] = Traced(prim.out(OUT))
+    copy = template.model_copy(update={
+        "partial_variables": {k: v for k, v in template.partial_variables.items() if k not in called},
+        "input_variables": [*template.input_variables, *called]})
+    return copy, Record.of(given)
 
 
 @lowering(BasePromptTemplate)
 def lower_template(t: LangChainTracer, template: BasePromptTemplate, value: Value) -> Value:
-    return PendingPrompt(template, template_variables(template, value), component_name(template), t.current_run())
+    rendered, variables = evaluated_partials(t, template, template_variables(template, value))
+    return PendingPrompt(rendered, variables, component_name(template), t.current_run())
 
 
 def literal_parts(template: Any, ports: set[str]) -> list[Any] | None:
