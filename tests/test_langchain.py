@@ -261,7 +261,9 @@ def test_inputs_the_chain_rejects_are_rejected_the_same_way(llm, runtime):
         TeolaRunnable(lambda x: x)
 
 
-def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime, retriever):
+def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime, retriever, caplog):
+    import logging
+
     from langchain_classic.retrievers.multi_query import MultiQueryRetriever
 
     expander = TeolaLLM(runtime=runtime, max_tokens=40)
@@ -270,8 +272,15 @@ def test_multi_query_retriever_expands_streams_and_unions_like_langchain(runtime
     # decode pipelining on this CPU-only machine), so the pipelined path runs for real.
     fast = TeolaRunnable(mq, runtime=runtime, cost_model=CostModel.default())
     question = QUESTIONS[2]
-    expected, got = mq.invoke(question), fast.invoke(question)
+    logs = []
+    for run in (mq, fast):  # the docs turn its logger on to see the queries: the same line
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="langchain_classic.retrievers.multi_query"):
+            logs.append((run.invoke(question), [r.getMessage() for r in caplog.records
+                                                if r.name == "langchain_classic.retrievers.multi_query"]))
+    (expected, plain_log), (got, teola_log) = logs
     assert got == expected and len(got) >= 2
+    assert teola_log == plain_log and plain_log[0].startswith("Generated queries: [")
     plan = fast._plan(question)
     (decode,) = [p for p in plan.graph if p.op.value == "llm_decode"]
     assert decode.attrs["parse"] == "lines" and decode.attrs["stream_items"]  # pipelined retrieval

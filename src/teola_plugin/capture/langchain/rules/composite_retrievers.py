@@ -23,6 +23,7 @@ unchanged); what combines them runs by the composite's own code, so results are 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from langchain_core.documents import Document
@@ -72,6 +73,9 @@ def lower_multi_query(t: LangChainTracer, mq: Any, value: Value) -> Value:
     return Traced(prim.out(OUT), Kind.DOCUMENTS)
 
 
+MULTI_QUERY_LOGGER = "langchain_classic.retrievers.multi_query"  # the module's logger, as the docs enable it
+
+
 def _queries_documents(mq: Any) -> Any:
     """``retrieve_documents`` then ``unique_union``, from the searches the graph ran: each of
     plain's queries (the parser's list, then the question under ``include_original``) reads
@@ -83,6 +87,8 @@ def _queries_documents(mq: Any) -> Any:
 
     async def union(queries: list[str], searched: list[str], lists: list[list[Document]],
                     question: list[str] | None = None, question_lists: list[list[Document]] | None = None) -> Any:
+        if mq.verbose:  # generate_queries' own log line, before the retriever runs it reports
+            logging.getLogger(MULTI_QUERY_LOGGER).info("Generated queries: %s", queries)
         found = dict(zip(searched, lists))
         if question is not None:
             found.setdefault(question[0], question_lists[0])
