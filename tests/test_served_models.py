@@ -1175,9 +1175,26 @@ def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_count
     from llama_index.core import Settings
     from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+    class LLMEventNames(BaseEventHandler):  # LLM.stream's events: no predict end; the end's last delta
+        seen: list = []
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "LLMEventNames"
+
+        def handle(self, event, **kwargs) -> None:
+            name = type(event).__name__
+            if name.startswith("LLM") and "InProgress" not in name:
+                self.seen.append((name, getattr(getattr(event, "response", None), "delta", None)))
+
     counter = TokenCountingHandler(tokenizer=lambda s: s.split())
+    names = LLMEventNames(seen=[])
     before = Settings.callback_manager
     Settings.callback_manager = CallbackManager([counter])  # as the docs set it: the engine's parts take it
+    get_dispatcher().add_event_handler(names)
     try:
         llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
         engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, streaming=True)
@@ -1185,12 +1202,15 @@ def test_a_streamed_llama_index_call_ends_with_plains_last_chunk_for_token_count
         counted = []
         for run in (engine.query, lambda q: executor.query(engine, q)):
             counter.reset_counts()
+            names.seen.clear()
             tokens = list(run(QUESTIONS[1]).response_gen)
             counted.append((tokens, counter.prompt_llm_token_count, counter.completion_llm_token_count,
-                            len(counter.llm_token_counts)))
+                            len(counter.llm_token_counts), list(names.seen)))
     finally:
         Settings.callback_manager = before
+        get_dispatcher().event_handlers.remove(names)
     assert counted[1] == counted[0] and counted[0][2] > 0 and counted[0][3] == 1, counted
+    assert [n for n, _ in counted[0][4]] == ["LLMPredictStartEvent", "LLMChatStartEvent", "LLMChatEndEvent"]
 
 
 def test_a_streamed_llama_index_call_sends_the_stream_options_of_its_llm(recording_proxy, squad_index, executor):

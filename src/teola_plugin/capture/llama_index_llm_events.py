@@ -10,8 +10,9 @@ beside the prefill (the messages or prompt ``predict`` builds, by the LLM's own
 ``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the decode (the response with the
 server's reply as ``raw`` and its token counts, so usage-based counters count what plain
 counts). They are added only when someone listens (a callback handler on the LLM's manager,
-an event handler on the dispatcher chain); per-token ``...InProgressEvent``s of a streamed
-call are not fired.
+an event handler on the dispatcher chain). A streamed call ends as ``LLM.stream``'s does: the
+last chunk's response (its delta) and no ``LLMPredictEndEvent``; its per-token
+``...InProgressEvent``s are not fired.
 """
 
 from __future__ import annotations
@@ -95,22 +96,35 @@ class LLMEvents:
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
         llm, manager = self.llm, self.llm.callback_manager
-        if isinstance(response, tuple):  # a streamed call's chunks: plain's last response carries the last one
+        streamed = isinstance(response, tuple)
+        delta = None
+        if streamed:  # a streamed call's chunks: plain's last response carries the last one, and its delta
             response = response[-1] if response else None
+            delta = _last_delta(response, self.chat)
         counts = getattr(llm, "_get_response_token_counts", None)
         extra = counts(response) if counts is not None and response is not None else {}
         if self.chat:
             reply = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), raw=response,
-                                 additional_kwargs=extra)
+                                 delta=delta, additional_kwargs=extra)
             manager.on_event_end(CBEventType.LLM, payload={EventPayload.MESSAGES: started.sent,
                                                            EventPayload.RESPONSE: reply}, event_id=started.event_id)
             llm_callbacks.dispatcher.event(LLMChatEndEvent(messages=started.sent, response=reply,
                                                            span_id=started.span_id))
         else:
-            reply = CompletionResponse(text=text, raw=response, additional_kwargs=extra)
+            reply = CompletionResponse(text=text, raw=response, delta=delta, additional_kwargs=extra)
             manager.on_event_end(CBEventType.LLM, payload={EventPayload.PROMPT: started.sent,
                                                            EventPayload.COMPLETION: reply}, event_id=started.event_id)
             llm_callbacks.dispatcher.event(LLMCompletionEndEvent(prompt=started.sent, response=reply,
                                                                  span_id=started.span_id))
-        llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text), span_id=started.span_id))
+        if not streamed:  # LLM.stream fires no predict end: its tokens are the caller's to read
+            llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text), span_id=started.span_id))
         return text
+
+
+def _last_delta(chunk: Any, chat: bool) -> str:
+    """The delta of the response an OpenAI client's last streamed chunk became (LlamaIndex's
+    ``_stream_chat`` / ``_stream_complete``: "" for a chunk without choices, the usage one)."""
+    choices = getattr(chunk, "choices", None) or []
+    if not choices:
+        return ""
+    return (getattr(choices[0].delta, "content", None) or "") if chat else (getattr(choices[0], "text", None) or "")
