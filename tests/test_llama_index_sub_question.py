@@ -139,6 +139,28 @@ def test_custom_question_generator_runs_its_own_code(model_server, indexes, exec
     assert str(teola) == str(plain) and answer_texts(teola) == answer_texts(plain)
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_verbose_engine_prints_plains_lines(use_async, recording_proxy, indexes, executor, capsys):
+    """``verbose=True``: the sub-questions and answers printed as plain prints them: Q, A, Q, A
+    one after the other; under ``use_async`` every question first, then the answers (in the
+    order they finish in plain: compared as a set)."""
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    recording_proxy.replay = True  # concurrent answers: the same requests get plain's replies
+    engine = SubQuestionQueryEngine.from_defaults(query_engine_tools=tools_of(indexes, llm), llm=llm,
+                                                  question_gen=FixedQuestions(), verbose=True, use_async=use_async)
+    printed = []
+    for run in (engine.query, lambda q: executor.query(engine, q)):
+        capsys.readouterr()
+        run(QUESTION)
+        printed.append([line for line in capsys.readouterr().out.splitlines() if "] Q: " in line or "] A: " in line])
+    plain, teola = printed
+    assert len(plain) == 4 and [line for line in teola if "Q: " in line] == [line for line in plain if "Q: " in line]
+    if use_async:
+        assert teola[:2] == plain[:2] and sorted(teola[2:]) == sorted(plain[2:])  # questions, then answers
+    else:
+        assert teola == plain and "Q: " in plain[0] and "A: " in plain[1]
+
+
 class InnerRetrieval(CustomQueryEngine):
     """User code calling a retriever: the retriever still runs on Teola, lowered."""
 

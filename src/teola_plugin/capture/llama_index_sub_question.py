@@ -149,10 +149,16 @@ class Collect:
         if engine._verbose:
             print_text(f"Generated {len(answers)} sub questions.\n")
         colors = get_color_mapping([str(i) for i in range(len(answers))])
+        # The lines _query_subq prints: one sub-question after the other (Q, A, Q, A); under
+        # use_async its tasks all print their question as they start, then their answers.
+        questions_first = engine._verbose and engine._use_async
+        for i, answer in enumerate(answers):
+            if questions_first and answer.asked:
+                print_text(f"[{answer.sub_q.tool_name}] Q: {answer.sub_q.sub_question}\n", color=colors[str(i)])
         qa_pairs = []
-        for i, answer in enumerate(answers):  # the lines _query_subq prints, in its order
+        for i, answer in enumerate(answers):
             sub_q = answer.sub_q
-            if engine._verbose and answer.asked:
+            if engine._verbose and answer.asked and not questions_first:
                 print_text(f"[{sub_q.tool_name}] Q: {sub_q.sub_question}\n", color=colors[str(i)])
             if answer.response is None:
                 continue
