@@ -425,10 +425,10 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     async def _astream_own_or_wrapped(self, input: Any, config: RunnableConfig | None,
                                       single: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
         plan = await self._aplan_or_none(input)
-        if not self._reports_own_run(plan) and root_retriever(self.chain) is not None:
-            yield await self.ainvoke_graph(plan, input, config)  # as stream: one run, one chunk
-            return
         if not self._reports_own_run(plan):
+            if root_retriever(self.chain) is not None:  # as stream: one run, one chunk
+                yield await self.ainvoke_graph(plan, input, config)
+                return
             chunks = self._atransform_stream_with_config(single(), self._astream_chunks, self._bound_config(config))
             async with aclosing(chunks):
                 async for chunk in chunks:

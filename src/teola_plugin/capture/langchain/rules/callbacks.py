@@ -142,7 +142,7 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
     """``(report_start(prompt, **input) -> CallRun | None,
     report_end(run, text, response) -> {"text", "message"})``; the message is the model's own
     (from a served model's reply), else None. ``bound``: the tracing config of a
-    ``model.with_config(...)`` (run name, tags, metadata), merged in as the binding merges it;
+    ``model.with_config(...)`` (run name, tags, metadata, callbacks), merged in as the binding merges it;
     ``step``: the call's seq:step tag (``step_runs.py``); ``call_kwargs``: the call's bound
     arguments (tools), reported as ``BaseChatModel.generate`` reports them; ``model_input``
     rebuilds the model's own input from ``report_start``'s ``input:*`` values, so the start
