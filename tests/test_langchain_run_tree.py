@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import logging
 import re
+import time
 
 import pytest
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableBranch, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import RunnableBranch, RunnableLambda, RunnableParallel, RunnablePassthrough
 from langchain_core.tracers.context import collect_runs
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_openai import ChatOpenAI
@@ -156,6 +158,47 @@ def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
         TeolaRunnable(chain, runtime=runtime).invoke({"q": "Who wrote Hamlet?"}, {"callbacks": [teola]})
     assert sorted(teola.errored) == sorted(plain.errored) and len(plain.errored) == 4
     assert teola.tree() == plain.tree()  # the runs that ended before, with their outputs
+
+
+def test_a_branch_that_fails_while_a_sibling_run_starts_still_ends_that_run(chat, runtime, caplog):
+    """A parallel branch raises while the handler is still starting its sibling's run (a slow
+    ``on_chain_start``, as a tracer's network call can be): that run must be ended with the
+    error as plain's runs are, not left open, and the reporting must not fail on futures the
+    cancelled steps were waiting on (it logged InvalidStateError as a failed callback run)."""
+
+    class SlowStart(Errors):
+        def __init__(self):
+            super().__init__()
+            self.open: dict = {}
+
+        def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, **kwargs):
+            super().on_chain_start(serialized, inputs, run_id=run_id, parent_run_id=parent_run_id, tags=tags, **kwargs)
+            self.open[run_id] = kwargs.get("name")
+            if "map:key:joke" in (tags or []):
+                time.sleep(0.3)  # the other branch fails meanwhile
+
+        def on_chain_end(self, outputs, *, run_id, **kwargs):
+            super().on_chain_end(outputs, run_id=run_id, **kwargs)
+            self.open.pop(run_id, None)
+
+        def on_chain_error(self, error, *, run_id, **kwargs):
+            super().on_chain_error(error, run_id=run_id, **kwargs)
+            self.open.pop(run_id, None)
+
+    def boom(_: dict) -> str:
+        raise ValueError("bad topic")
+
+    joke = ChatPromptTemplate.from_template("Tell me a joke about {topic}") | chat | StrOutputParser()
+    chain = RunnableParallel(joke=joke, check=RunnableLambda(boom))
+    for _ in range(3):
+        handler = SlowStart()
+        with caplog.at_level(logging.WARNING, logger="teola_plugin"):
+            with pytest.raises(ValueError, match="bad topic"):
+                TeolaRunnable(chain, runtime=runtime).invoke({"topic": "cats"}, {"callbacks": [handler]})
+        assert handler.open == {}  # every run it heard start has ended or errored
+        assert (("RunnableParallel<joke,check>", "boom"), "ValueError") in handler.errored
+        assert (("RunnableParallel<joke,check>",), "ValueError") in handler.errored
+    assert not [r for r in caplog.records if "callback run" in r.getMessage()], caplog.text
 
 
 def test_a_search_that_fails_errors_the_retriever_run_and_the_runs_around_it(chat, runtime):

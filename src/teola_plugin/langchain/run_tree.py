@@ -53,6 +53,23 @@ REPORTING_OPS = frozenset({Op.OPAQUE, Op.FORMAT})  # the CPU steps that run a co
 FINISH_WAIT_S = 30.0  # bound on reporting the last runs' ends after the graph finished
 
 
+def _shared(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """Await a future other tasks also wait on, or set: a waiter that is cancelled (the graph's
+    node tasks, cancelled when the graph run fails) must not cancel the future itself."""
+    return asyncio.shield(future)
+
+
+async def _whole(call: Any) -> tuple[Any, bool]:
+    """(result, cancelled) of a handler call that runs to its end even when the awaiting task
+    is cancelled meanwhile (the graph run failed): a run the handler started must be known,
+    to be ended with the error, and one it is ending must not be errored as well."""
+    future = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(future), False
+    except asyncio.CancelledError:
+        return await future, True
+
+
 def listening(config: RunnableConfig) -> bool:
     """Someone hears the call's runs: a handler of its callbacks, or one LangChain's configure
     hooks add to every run (``collect_runs``, LangSmith tracing)."""
@@ -119,10 +136,10 @@ class RunTree:
         if run is not None:
             own = self.scopes.runs[run]
             if not own.reported and own.after is not None:  # its run starts once the step before ended
-                await self._ended[own.after]
+                await _shared(self._ended[own.after])
         parent = None if run is None else self.scopes.reporter_of(run)
         if parent is not None or self.own is not None:  # else the context already is the chain's run's
-            var_child_runnable_config.set(await self._started[parent])
+            var_child_runnable_config.set(await _shared(self._started[parent]))
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
         if prim.attrs.get("opens_run") and outputs.get("run") is not None:
@@ -149,7 +166,7 @@ class RunTree:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if error is None and own is not None and None in self._open:
             del self._open[None]
-            await in_framework_thread(own.on_chain_end, await self._future(self.graph.outputs["output"]))
+            await in_framework_thread(own.on_chain_end, await _shared(self._future(self.graph.outputs["output"])))
         if error is not None:
             for manager in reversed(list(self._opened_by.values())):  # a lowered retriever's search failed
                 await in_framework_thread(manager.on_retriever_error, error)
@@ -190,18 +207,18 @@ class RunTree:
     async def _report(self, run: RunScope) -> None:
         """Start ``run`` once its parent started, its input is known and the step before it
         ended; end it once its output is known and everything inside it ended."""
-        config = await self._started[self.scopes.reporter_of(run.parent)]
+        config = await _shared(self._started[self.scopes.reporter_of(run.parent)])
         input = await self._value(run.input)
         if run.after is not None:
-            await self._ended[run.after]
+            await _shared(self._ended[run.after])
         handle = await self._start(run.id, config, run.bound, run.tag, run.name, run.kind, input)
         output = await self._inside_done(run)
-        if run.kind == "retriever":
-            await in_framework_thread(handle.on_retriever_end, output)
-        else:
-            await in_framework_thread(handle.on_chain_end, output)
-        del self._open[run.id]
+        end = handle.on_retriever_end if run.kind == "retriever" else handle.on_chain_end
+        _, cancelled = await _whole(in_framework_thread(end, output))
+        del self._open[run.id]  # ended: the graph run's failure must not error it as well
         self._ended[run.id].set_result(None)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _start(self, run: int | None, config: RunnableConfig, bound: Mapping[str, Any], tag: str | None,
                      name: str, kind: str, input: Any) -> Any:
@@ -213,12 +230,15 @@ class RunTree:
         manager = get_callback_manager_for_config(config)
         name = bound.get("run_name") or name
         if kind == "retriever":
-            handle = await in_framework_thread(manager.on_retriever_start, None, input, name=name)
+            call = in_framework_thread(manager.on_retriever_start, None, input, name=name)
         else:
             run_type = kind if kind in ("parser", "prompt") else None
-            handle = await in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
-        self._open[run] = handle
+            call = in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
+        handle, cancelled = await _whole(call)
+        self._open[run] = handle  # started: ``finish`` ends it with the graph run's error
         self._started[run].set_result(patch_config(config, callbacks=handle.get_child()))
+        if cancelled:
+            raise asyncio.CancelledError
         return handle
 
     async def _follow(self, run: RunScope) -> None:
@@ -231,9 +251,9 @@ class RunTree:
         nodes = [n for n, r in self.scopes.nodes.items() if r == run.id and n in self._node_done]
         output = await self._value(run.output)
         for child in self.scopes.children(run.id):
-            await self._ended[child]
+            await _shared(self._ended[child])
         for node in nodes:
-            await self._node_done[node]
+            await _shared(self._node_done[node])
         return output
 
     async def _value(self, value: Value | None) -> Any:
@@ -242,7 +262,7 @@ class RunTree:
             return None
         if isinstance(value, Traced):
             ref = self.graph.where_is(value.ref)
-            return None if ref is None else await self._future(ref)
+            return None if ref is None else await _shared(self._future(ref))
         if isinstance(value, Record):
             return {k: await self._value(v) for k, v in value.fields}
         if isinstance(value, ChatReply):
