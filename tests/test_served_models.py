@@ -180,6 +180,37 @@ def test_chat_openai_chain_returns_invokes_message(recording_proxy, runtime):
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
 
 
+def test_bound_sampling_arguments_are_lowered_with_plains_body_and_logprobs(recording_proxy, runtime):
+    """``model.bind(max_tokens=..., logprobs=True, top_logprobs=..., seed=...)`` (LangChain's
+    log-probabilities how-to): lowered, the bound arguments in plain's body, the reply's log
+    probabilities in the message's ``response_metadata`` as plain's; ``n`` stays the model's call."""
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.langchain import TeolaRunnable
+
+    recording_proxy.replay = True  # the same request gets plain's reply: its logprobs compared whole
+    model = ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                       max_tokens=24)
+    prompt = ChatPromptTemplate.from_messages([("human", "{question}")])
+    chain = prompt | model.bind(max_tokens=6, logprobs=True, top_logprobs=2, seed=11)
+    fast = TeolaRunnable(chain, runtime=runtime)
+    x = {"question": QUESTIONS[0]}
+    assert fast._plan(x).trace.opaque == []
+    plain = chain.invoke(x)
+    sent_plain = recording_proxy.take()
+    teola = fast.invoke(x)
+    assert bodies(recording_proxy.take()) == bodies(sent_plain)
+    body = sent_plain[0][1]
+    assert (body["max_completion_tokens"], body["logprobs"], body["top_logprobs"], body["seed"]) == (6, True, 2, 11)
+    assert teola.content == plain.content and teola.usage_metadata == plain.usage_metadata
+    logprobs = plain.response_metadata["logprobs"]["content"]
+    assert len(logprobs) >= 1 and len(logprobs[0]["top_logprobs"]) == 2
+    assert teola.response_metadata["logprobs"] == plain.response_metadata["logprobs"]
+    (note,) = TeolaRunnable(prompt | model.bind(n=2), runtime=runtime)._plan(x).trace.opaque
+    assert "['n']" in note.reason
+
+
 def test_a_model_configured_per_call_runs_as_it_is_with_each_calls_config(recording_proxy, runtime):
     """``configurable_alternatives`` / ``configurable_fields``: the model is chosen by the
     call's config, so it runs as it is (its request still relayed by Teola's served engine),

@@ -25,7 +25,7 @@ schema (``--enable-auto-tool-choice``), a ``json_schema`` response format to the
 
 Stays the model's own call (reason in ``explain()``): a subclass, the Responses API,
 ``streaming=True``, ``n > 1`` / ``best_of``, response headers, ``max_tokens=-1`` (a tiktoken
-count), and any other bound argument.
+count), and a bound argument other than tools, a response format and sampling arguments.
 """
 
 from __future__ import annotations
@@ -64,6 +64,13 @@ def _endpoint(model: Any) -> Any:
 # A chat model's bound call arguments that are lowered: they only add to the request body
 # (``ls_structured_output_format`` only names the call's run for tracing).
 LOWERED_CALL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "ls_structured_output_format")
+# Bound sampling arguments (``model.bind(max_tokens=..., logprobs=True)``): ``_get_request_payload``
+# merges them into the body and the reply carries what they ask for (``logprobs`` in the
+# message's ``response_metadata``), so they change nothing else of the call. Not ``n`` (several
+# completions), ``stream`` / ``stream_options`` (the request's kind) or Responses API arguments.
+SAMPLING_CALL_KWARGS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "frequency_penalty",
+                        "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "extra_body", "user",
+                        "reasoning_effort", "service_tier")
 
 
 def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
@@ -71,10 +78,11 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
     """The call spec of a ``ChatOpenAI`` / ``OpenAI`` / ``VLLMOpenAI`` called with ``stop`` and
     the bound ``call_kwargs``; ``served_engine(endpoint)`` names its engine."""
     name = type(model).__name__
-    extra = sorted(set(call_kwargs or {}) - set(LOWERED_CALL_KWARGS))
+    extra = sorted(set(call_kwargs or {}) - set(LOWERED_CALL_KWARGS) - set(SAMPLING_CALL_KWARGS))
     if extra or (call_kwargs and type(model) in _completion_classes()):
         raise NotLowerable(f"{name} with bound arguments {extra or sorted(call_kwargs or {})} "
-                           f"(lowered: stop; a chat model's {', '.join(LOWERED_CALL_KWARGS[:4])})")
+                           f"(lowered: stop; a chat model's {', '.join(LOWERED_CALL_KWARGS[:4])} "
+                           f"and sampling arguments)")
     if type(model) in _completion_classes():
         return _completion_call_spec(model, served_engine, stop)
     request_kwargs = {k: v for k, v in (call_kwargs or {}).items() if k != "ls_structured_output_format"}
@@ -115,9 +123,15 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
         streamed["stream_options"] = {"include_usage": True}
 
     return LLMCallSpec(served_engine(endpoint), to_engine_prompt, {}, returns_message=True, string_prompts=False,
-                       to_result=to_result, max_tokens=model.max_tokens or DEFAULT_MAX_TOKENS,
+                       to_result=to_result, max_tokens=_max_tokens(model, request_kwargs),
                        raise_error=raise_as_chat_openai, streamed_request=streamed,
                        streams_text=False)  # its chunks carry the server's (below)
+
+
+def _max_tokens(model: Any, request_kwargs: Mapping[str, Any]) -> int:
+    """The call's token limit (the cost model's decode length): a bound one, else the model's."""
+    bound = request_kwargs.get("max_completion_tokens") or request_kwargs.get("max_tokens")
+    return int(bound or model.max_tokens or DEFAULT_MAX_TOKENS)
 
 
 def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
