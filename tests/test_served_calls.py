@@ -510,6 +510,37 @@ def test_langchains_stateful_and_retrying_wrappers_run_as_plain_with_their_chain
         assert len(served_runtime.timeline.query_ids()) - runs_before == lowered  # a wrapper run as is has none
 
 
+def test_a_legacy_chain_wrapped_is_called_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):
+    """Existing apps call legacy chains (``langchain_classic``: ``LLMChain``,
+    ``load_summarize_chain``) as ``chain(inputs)``, ``chain.run(...)``, ``chain.predict(...)``,
+    ``await chain.arun(...)``: wrapped, each answers as plain (``chain(...)`` raised TypeError),
+    its model calls sent by Teola's served engine."""
+    from langchain_classic.chains import LLMChain
+    from langchain_classic.chains.summarize import load_summarize_chain
+    from langchain_core.documents import Document
+    from langchain_core.prompts import PromptTemplate
+
+    recording_proxy.replay = True
+    model = chat_openai(recording_proxy.base_url)
+    fact = LLMChain(llm=model, prompt=PromptTemplate.from_template("Tell me a fact about {topic}."))
+    summarize = load_summarize_chain(model, chain_type="stuff")
+    docs = [Document(page_content="The Eiffel Tower is in Paris. It was completed in 1889.")]
+    calls = [
+        (fact, lambda c: c({"topic": "cats"})),
+        (fact, lambda c: c.predict(topic="owls")),
+        (summarize, lambda c: c.run(docs)),
+        (summarize, lambda c: c({"input_documents": docs}, return_only_outputs=True)),
+        (fact, lambda c: asyncio.run(c.arun(topic="dogs"))),
+    ]
+    for chain, call in calls:
+        expected = call(chain)
+        sent_plain = recording_proxy.take()
+        before = relayed(served_runtime)
+        assert call(TeolaRunnable(chain, runtime=served_runtime)) == expected
+        assert bodies(recording_proxy.take()) == bodies(sent_plain) and len(sent_plain) == 1
+        assert relayed(served_runtime) - before == 1
+
+
 def test_structured_output_in_code_run_as_is_is_relayed_and_parsed_as_plain(recording_proxy, served_runtime):
     """``ChatOpenAI.with_structured_output(Schema)`` (LangChain's structured-output guide)
     ends in the SDK's ``chat.completions.parse``. A function step's ``chain.invoke`` /

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
@@ -167,14 +168,38 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def __getattr__(self, name: str) -> Any:
         """What the wrapped object has beyond a Runnable's (a LangGraph graph's ``get_state``,
-        ``update_state``, ``get_state_history``, ``checkpointer``, ``nodes``), its own."""
+        ``update_state``, ``get_state_history``, ``checkpointer``, ``nodes``; a legacy chain's
+        ``run``, ``predict``, ``apply``), its own: its methods run as they are, their model-server
+        calls through Teola's served engines, as the chain's own ``invoke`` does here."""
         try:
             return super().__getattr__(name)  # pydantic's private attributes
         except AttributeError:
             chain = self.__dict__.get("chain")
             if chain is None or name.startswith("__"):
                 raise
-            return getattr(chain, name)
+            value = getattr(chain, name)
+            if inspect.ismethod(value) and value.__self__ is chain:
+                return self._routed(value)
+            return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A legacy ``Chain``'s call, ``chain(inputs)``: its own, as its other methods."""
+        return self._routed(self.chain.__call__)(*args, **kwargs)
+
+    def _routed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` of the wrapped chain, run as it is with its model-server calls routed."""
+        if inspect.iscoroutinefunction(method):
+            @functools.wraps(method)
+            async def routed_async(*args: Any, **kwargs: Any) -> Any:
+                with self._running_as_is():
+                    return await method(*args, **kwargs)
+            return routed_async
+
+        @functools.wraps(method)
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            with self._running_as_is():
+                return method(*args, **kwargs)
+        return routed
 
     def get_name(self, suffix: str | None = None, *, name: str | None = None) -> str:
         """The wrapped chain's name (``RunnableSequence``...): callback runs are named as plain."""
