@@ -510,6 +510,37 @@ def test_langchains_stateful_and_retrying_wrappers_run_as_plain_with_their_chain
         assert len(served_runtime.timeline.query_ids()) - runs_before == lowered  # a wrapper run as is has none
 
 
+def test_a_sync_calls_max_concurrency_limits_a_parallels_branches_as_plain(recording_proxy, served_runtime):
+    """``invoke(x, {"max_concurrency": 1})`` runs a ``RunnableParallel``'s branches one at a
+    time in plain LangChain (its executor's size): such a call runs the parallel as it is, each
+    branch it calls a graph run of its own, one after the other — not one graph run sending
+    the branches' requests together. A chain with nothing side by side, and ``ainvoke``
+    (plain does not limit a parallel there), keep the one graph run."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableParallel
+
+    recording_proxy.replay = True
+    model = chat_openai(recording_proxy.base_url, max_tokens=6)
+    branches = {k: ChatPromptTemplate.from_template(f"{k} {{x}}") | model | StrOutputParser() for k in ("Say", "Name")}
+    parallel, single = RunnableParallel(branches), branches["Say"]
+    x, limited = {"x": "cat"}, {"max_concurrency": 1}
+    for chain, as_is in ((parallel, True), (single, False)):
+        expected = chain.invoke(x, limited)
+        fast = TeolaRunnable(chain, runtime=served_runtime)
+        assert fast._plan(x).side_by_side is as_is
+        known = set(served_runtime.timeline.query_ids())
+        assert fast.invoke(x, limited) == expected
+        runs = [q for q in served_runtime.timeline.query_ids() if q not in known]
+        assert len(runs) == (2 if as_is else 1)
+        spans = [served_runtime.timeline.spans([q]) for q in runs]
+        if as_is:  # the second branch's run starts after the first one's ended
+            assert min(s.ready for s in spans[1]) >= max(s.end for s in spans[0])
+    runs_before = len(served_runtime.timeline.query_ids())
+    assert asyncio.run(TeolaRunnable(parallel, runtime=served_runtime).ainvoke(x, limited)) == parallel.invoke(x)
+    assert len(served_runtime.timeline.query_ids()) - runs_before == 1
+
+
 def test_a_legacy_chain_wrapped_is_called_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):
     """Existing apps call legacy chains (``langchain_classic``: ``LLMChain``,
     ``load_summarize_chain``) as ``chain(inputs)``, ``chain.run(...)``, ``chain.predict(...)``,

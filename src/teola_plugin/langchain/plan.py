@@ -25,6 +25,7 @@ from .called_chains import EXPLAIN_CALLED
 from ..recent import Recent
 from .run_tree import RunTree, SubChainRun, listening
 from ..ir.graph import PGraph
+from ..ir.ops import Op
 from ..optimizer import optimize
 from ..runtime import app_runs
 from ..runtime.runtime import Runtime
@@ -43,6 +44,9 @@ class ExecutionPlan:
     not count: with its query embedding the model's own step, it is the store's own call."""
 
     cost: Any = None  # the runtime's cost model it was optimized with (None: the caller's own)
+    side_by_side: bool = False
+    """Whether two of its engine calls or opaque steps may run at once (a parallel's branches):
+    what a call's ``max_concurrency`` limits in plain LangChain's sync ``invoke``."""
 
     @classmethod
     def build(cls, trace: LangChainTrace, passes: Sequence[str] | None = None,
@@ -50,8 +54,9 @@ class ExecutionPlan:
               cost_model: Any = None, sub_plans: SubPlans | None = None) -> ExecutionPlan:
         """Optimize ``trace`` with ``cost_model``, else ``runtime``'s (which engines share hardware)."""
         runtimes = runtime.cost_model(trace.engines) if runtime is not None and cost_model is None else None
-        return cls(trace, optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost_model or runtimes),
-                   _uses_engines(trace.graph, sub_plans, set(trace.stores.values())), runtimes)
+        graph = optimize(trace.graph, passes=passes, disabled=disabled, cost_model=cost_model or runtimes)
+        return cls(trace, graph, _uses_engines(trace.graph, sub_plans, set(trace.stores.values())), runtimes,
+                   _runs_side_by_side(graph))
 
     def current(self, runtime: Runtime, passes: Sequence[str] | None, disabled: Iterable[str],
                 sub_plans: SubPlans | None) -> ExecutionPlan:
@@ -106,6 +111,25 @@ def _uses_engines(graph: PGraph, sub_plans: SubPlans | None, store_engines: set[
             return True
         if any(sub_plans is None or sub_plans.uses_engines(r) for r in prim.attrs.get("expands_into", ())):
             return True
+    return False
+
+
+def _runs_side_by_side(graph: PGraph) -> bool:
+    """Whether two engine calls or opaque steps of ``graph`` are unordered (may run at once)."""
+    ancestors: dict[str, int] = {}  # node -> bit set of the nodes it waits on
+    bits: dict[str, int] = {}
+    work = 0  # bit set of the engine calls and opaque steps seen so far
+    for i, name in enumerate(graph.topological_order()):
+        bits[name] = 1 << i
+        before = 0
+        for pred in graph.predecessors(name):
+            before |= ancestors[pred] | bits[pred]
+        ancestors[name] = before
+        prim = graph[name]
+        if prim.kind != "cpu" or prim.op is Op.OPAQUE:
+            if work & ~before:  # an earlier one it does not wait on
+                return True
+            work |= bits[name]
     return False
 
 

@@ -240,10 +240,13 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _takes_as_is(self, plan: ExecutionPlan | None, streaming: bool = False) -> bool:
         return self.timeout_s is None and self._as_is(plan, streaming)
 
-    def _call_as_is(self, plan: ExecutionPlan | None, config: RunnableConfig | None) -> bool:
+    def _call_as_is(self, plan: ExecutionPlan | None, config: RunnableConfig | None, sync: bool = False) -> bool:
         """Whether an ``invoke`` / ``ainvoke`` with ``config`` runs the chain as it is: also
-        when the call's handlers stream the models' tokens and the graph run would not."""
-        return self._takes_as_is(plan, streams_llm_calls(config))
+        when the call's handlers stream the models' tokens and the graph run would not, and a
+        sync call's ``max_concurrency`` limits steps the graph would run side by side (plain's
+        ``invoke`` runs a parallel's branches that many at a time; ``ainvoke`` does not limit them)."""
+        limited = sync and plan is not None and plan.side_by_side and bool((config or {}).get("max_concurrency"))
+        return self._takes_as_is(plan, streams_llm_calls(config)) or (limited and self.timeout_s is None)
 
     def _runs_as_is(self, input: Any, streaming: bool = False) -> bool:
         return self._takes_as_is(self._traced_or_none(InputLayout.of(input)), streaming)
@@ -266,7 +269,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         plan = None if kwargs else self._traced_or_none(InputLayout.of(input))
-        if kwargs or self._call_as_is(plan, config):
+        if kwargs or self._call_as_is(plan, config, sync=True):
             with self._running_as_is():
                 return self.chain.invoke(input, config, **kwargs)
         return self.invoke_graph(plan, input, config)
@@ -300,7 +303,7 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         is or cannot be traced (for a chain user code calls, ``called_chains``: it then runs
         its own ``invoke``)."""
         plan = self._traced_or_none(InputLayout.of(input))
-        return None if plan is None or self._call_as_is(plan, config) else plan
+        return None if plan is None or self._call_as_is(plan, config, sync=True) else plan
 
     async def agraph_plan(self, input: Any, config: RunnableConfig | None) -> ExecutionPlan | None:
         plan = await self._aplan_or_none(input)
