@@ -1038,12 +1038,15 @@ def test_completion_models_and_callbacks_see_what_plain_reports(recording_proxy,
 @pytest.mark.parametrize("mode", ["chat", "completion"])
 def test_lowered_calls_fire_the_llms_own_events(mode, recording_proxy, squad_index, executor):
     """TokenCountingHandler counts what plain counts (the server's usage); the dispatcher
-    sees the LLM's start / end events, as LLM.chat / complete fire them. Teola's identical
+    sees the LLM's start / end events, as LLM.chat / complete fire them — also for a query
+    fusion's query generation (its own ``llm.complete``: completion events whatever the
+    model, and no predict events; it fired none). Teola's identical
     request gets plain's reply: Teola warms the prompt's prefix first, and a cached prefix can
     decode a different greedy token on the CPU kernels, so a fresh reply's length could differ."""
     from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.retrievers import QueryFusionRetriever
 
     class Names(BaseEventHandler):
         names: list = []
@@ -1059,9 +1062,12 @@ def test_lowered_calls_fire_the_llms_own_events(mode, recording_proxy, squad_ind
     try:
         llm = openai_like(recording_proxy.base_url, is_chat_model=mode == "chat", context_window=2048)
         engine = squad_index.as_query_engine(llm=llm, similarity_top_k=3, response_mode="tree_summarize")
+        fusion = QueryFusionRetriever([squad_index.as_retriever(similarity_top_k=2)], llm=llm, num_queries=3,
+                                      similarity_top_k=2, use_async=False)
         recording_proxy.replay = True
         seen = []
-        for run in (engine.query, lambda q: executor.query(engine, q)):
+        for run in (engine.query, lambda q: executor.query(engine, q), fusion.retrieve,
+                    lambda q: executor.retrieve(fusion, q)):
             counter.reset_counts()
             names.names.clear()
             run(QUESTIONS[0])
@@ -1070,10 +1076,12 @@ def test_lowered_calls_fire_the_llms_own_events(mode, recording_proxy, squad_ind
     finally:
         root.event_handlers.remove(names)
         Settings.callback_manager = before
-    plain, teola = seen
+    plain, teola, plain_fusion, teola_fusion = seen
     assert teola == plain and plain[0] > 0 and plain[1] > 0
     kind = "Chat" if mode == "chat" else "Completion"
     assert {f"LLM{kind}StartEvent", f"LLM{kind}EndEvent"} <= set(plain[3])
+    assert teola_fusion == plain_fusion and plain_fusion[2] == 1
+    assert plain_fusion[3] == ["LLMCompletionEndEvent", "LLMCompletionStartEvent"]
 
 
 @pytest.mark.parametrize("index_type", ["SummaryIndex", "SimpleKeywordTableIndex"])

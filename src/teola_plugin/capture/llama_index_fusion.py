@@ -38,6 +38,7 @@ from .llama_index import (
     framework_call,
     lowering_rule,
 )
+from .llama_index_llm_events import CompleteEvents
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
 from .llm_calls import emit_llm_call
@@ -69,9 +70,11 @@ def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Re
 def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: LLMCallSpec,
                       origin: str) -> tuple[Ref, Ref]:
     """``_get_queries``'s LLM call (``complete``): (decoded text, its stripped non-blank lines)."""
+    def prompt_text(query: QueryBundle) -> str:
+        return fusion.query_gen_prompt.format(num_queries=fusion.num_queries - 1, query=query.query_str)
+
     def prompt(query: QueryBundle) -> Any:
-        text = fusion.query_gen_prompt.format(num_queries=fusion.num_queries - 1, query=query.query_str)
-        return spec.to_completion_prompt(text)
+        return spec.to_completion_prompt(prompt_text(query))
 
     # a format the LLM's own code renders
     request = tr.add(Op.FORMAT, name=tr.graph.unique_name("query_gen_prompt"), inputs={"query": tr.query},
@@ -79,6 +82,14 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
     est_tokens = len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16
     decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
                            est_items=fusion.num_queries - 1)
+    events = CompleteEvents.of(fusion._llm, prompt_text)
+    if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)
+        # (not in module order: they wait only for what they report)
+        started = tr.graph.add(Op.OPAQUE, name=tr.graph.unique_name("llm_start"), inputs={"query": tr.query},
+                               origin=origin, attrs={"fn": framework_call(events.start), "pure": False})
+        tr.graph.add(Op.OPAQUE, name=tr.graph.unique_name("llm_end"),
+                     inputs={"started": started.out(), "text": decode.out("text"), "response": decode.out("response")},
+                     origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
     return decode.out("text"), decode.out("items")
 
 

@@ -59,6 +59,8 @@ def _listened(llm: Any) -> bool:
 class LLMEvents:
     """The start / end steps of one lowered ``llm.predict(template, **prompt_args)``."""
 
+    predicts = True  # ``predict``'s own LLMPredict* events around the call's
+
     def __init__(self, llm: Any, template: Any, prompt_args: dict[str, Any]) -> None:
         self.llm = llm
         self.template = template
@@ -116,9 +118,34 @@ class LLMEvents:
                                                            EventPayload.COMPLETION: reply}, event_id=started.event_id)
             llm_callbacks.dispatcher.event(LLMCompletionEndEvent(prompt=started.sent, response=reply,
                                                                  span_id=started.span_id))
-        if not streamed:  # LLM.stream fires no predict end: its tokens are the caller's to read
+        if not streamed and self.predicts:  # LLM.stream fires no predict end: its tokens are the caller's to read
             llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text), span_id=started.span_id))
         return text
+
+
+class CompleteEvents(LLMEvents):
+    """The events of a lowered ``llm.complete(prompt)`` itself (a query fusion's query
+    generation): what ``complete``'s decorator fires, the completion events whatever the model
+    (a chat model's ``complete`` fires them too), and no predict events. ``render(query)`` is
+    the prompt the caller's code formats from the query."""
+
+    predicts = False
+
+    def __init__(self, llm: Any, render: Any) -> None:
+        self.llm, self.render, self.chat = llm, render, False
+        self.__qualname__ = f"complete_events[{type(llm).__name__}]"
+
+    @classmethod
+    def of(cls, llm: Any, render: Any) -> CompleteEvents | None:  # type: ignore[override]
+        return cls(llm, render) if _listened(llm) else None
+
+    def start(self, query: Any = None) -> StartedCall:
+        sent, model_dict, span_id = self.render(query), self._model_dict(), active_span_id.get()
+        llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=model_dict, prompt=sent, additional_kwargs={},
+                                                               span_id=span_id))
+        event_id = self.llm.callback_manager.on_event_start(CBEventType.LLM, payload={
+            EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: model_dict})
+        return StartedCall(event_id, sent, span_id)
 
 
 def _last_delta(chunk: Any, chat: bool) -> str:
