@@ -119,8 +119,10 @@ def test_rag_chain_retrieves_prompts_and_answers_like_langchain(chat, retriever,
     traced = list(fast.trace(QUESTIONS[0]))
     # retriever_start (its callback run), the search, retriever_end
     assert [p.op.value for p in traced][:6] == ["opaque", "aggregate", "embed", "vector_search", "aggregate", "opaque"]
-    # The call, and its two reports to LangChain callbacks (llm_start / llm_end).
-    assert [p.name for p in traced][-5:] == ["format", "llm_start", "llm_prefill", "llm_decode", "llm_end"]
+    # The call, its two reports to LangChain callbacks (llm_start / llm_end), and the parser's
+    # result, the reply's .text (a TextAccessor, as plain's StrOutputParser returns).
+    assert [p.name for p in traced][-6:] == ["format", "llm_start", "llm_prefill", "llm_decode", "llm_end",
+                                             "message_text"]
 
 
 def test_rag_with_sources_returns_the_same_documents(chat, retriever, runtime):

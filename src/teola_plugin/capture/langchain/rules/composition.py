@@ -14,6 +14,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough, RunnableSequence
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 
+from ....ir.ops import Op
 from ..step_runs import step_tag
 from ..tracer import NotLowerable, LangChainTracer, langchains_own, lowering, unwrap_partial
 from ..values import ChatReply, Kind, Record, Traced, Value
@@ -86,12 +87,33 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     raise NotLowerable(f"user function ({function}): runs unchanged on the CPU")
 
 
+try:  # langchain-core >= 1.0: a message's ``.text`` (what the parser returns for a reply), also callable
+    from langchain_core.messages.base import TextAccessor
+except ImportError:  # older: a plain str
+    TextAccessor = None
+
+
+async def _as_message_text(text: str) -> str:
+    return TextAccessor(text)
+
+
+def _message_text(t: LangChainTracer, text: Traced) -> Traced:
+    """What ``StrOutputParser`` returns for a reply: the message's ``.text``, a ``TextAccessor``
+    (a str that is also callable, as ``.text()`` was), not the decoded str; its tokens are the
+    decode's, as the text's were."""
+    if TextAccessor is None:
+        return text
+    prim = t.add(Op.OPAQUE, name="message_text", inputs={"text": text.ref}, outputs=["out"], origin="StrOutputParser",
+                 attrs={"fn": _as_message_text, "pure": True})
+    return Traced(prim.out("out"), Kind.TEXT, tokens_from=text.tokens_from)
+
+
 @lowering(StrOutputParser)
 def lower_str_parser(t: LangChainTracer, parser: StrOutputParser, value: Value) -> Value:
     if type(parser) is not StrOutputParser:  # a subclass may parse (strip, cut) differently
         raise NotLowerable(f"{type(parser).__name__} subclasses StrOutputParser: its own parse runs")
     if isinstance(value, ChatReply):
-        return value.text
+        return _message_text(t, value.text)
     if isinstance(value, Traced) and value.kind is Kind.TEXT:
         return value  # the parser returns a str unchanged
     return lower_parser(t, parser, value)  # known at run time only: a step computing its invoke
