@@ -178,9 +178,10 @@ def write_markdown(data: dict, path: Path) -> None:
               "(`langchain/stream_split.py`); before it, a lowered model's tokens stream.",
               "- **Batch**: a component's own `batch` / `_batch` is not called (each input is one graph run, "
               "each step invoked): batch-only runnables raise, `return_exceptions` surfaces per input, and "
-              "without it an input that fails does not stop the other inputs' later steps (plain's sequence "
-              "batches step by step, so an early step's error sends no model request; the error raised is "
-              "the same).",
+              "without it an input that fails stops the others' graph runs where they are (their requests "
+              "aborted, their runs ending with its error): plain's sequence batches step by step, so an early "
+              "step's error sends no model request at all, while the other graph runs may have sent theirs "
+              "(the error raised is the same).",
               "- **Config as an argument**: opaque steps get the call's config through LangChain's context, not "
               "as an explicit argument (spies on `invoke` see `config=None`).",
               "- **A sync call inside a running event loop** waits for the graph run on the runtime's loop "

@@ -541,6 +541,42 @@ def test_a_sync_calls_max_concurrency_limits_a_parallels_branches_as_plain(recor
     assert len(served_runtime.timeline.query_ids()) - runs_before == 1
 
 
+def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, recording_proxy, served_runtime):
+    """``batch`` without ``return_exceptions``: plain batches a sequence step by step, so an
+    input whose prompt lacks a variable raises before any model call and every input's run
+    ends with that ``KeyError``. Teola's other inputs, graph runs already under way, are
+    cancelled (their requests aborted) and their runs end with the same error; with
+    ``return_exceptions`` every other input is answered."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+
+    class RootRuns(BaseCallbackHandler):
+        def __init__(self):
+            self.ended: list[str] = []
+
+        def on_chain_end(self, outputs, *, run_id, parent_run_id=None, **kwargs):
+            if parent_run_id is None:
+                self.ended.append("ok")
+
+        def on_chain_error(self, error, *, run_id, parent_run_id=None, **kwargs):
+            if parent_run_id is None:
+                self.ended.append(type(error).__name__)
+
+    chain = ChatPromptTemplate.from_template("Tell me a long story about {topic}.") \
+        | chat_openai(recording_proxy.base_url, max_tokens=96) | StrOutputParser()
+    inputs = [{"topic": "cats"}, {"subject": "dogs"}, {"topic": "owls"}, {"topic": "bees"}]
+    fast = TeolaRunnable(chain, runtime=served_runtime)
+    for runner in (chain, fast):
+        runs = RootRuns()
+        with pytest.raises(KeyError):
+            runner.batch(inputs, {"callbacks": [runs]})
+        assert runs.ended == ["KeyError"] * 4, runner
+    assert_server_and_engines_idle(model_server, served_runtime)  # the cancelled inputs' requests aborted
+    answered = fast.batch(inputs[:3], return_exceptions=True)
+    assert isinstance(answered[1], KeyError) and all(isinstance(a, str) and a for a in answered[::2])
+
+
 def test_a_legacy_chain_wrapped_is_called_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):
     """Existing apps call legacy chains (``langchain_classic``: ``LLMChain``,
     ``load_summarize_chain``) as ``chain(inputs)``, ``chain.run(...)``, ``chain.predict(...)``,

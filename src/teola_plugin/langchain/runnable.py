@@ -43,6 +43,7 @@ from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import stream_async, stream_sync
 from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
+from . import batch_group
 from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
 from .plan import ExecutionPlan, SubPlans
@@ -362,6 +363,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         now, which raises what makes the chain untraceable)."""
         runtime, plan = self.teola_runtime(), plan or self._plan(input)
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
+        group = batch_group.current()
+        if group is not None:  # an input of a batch that stops when another input fails
+            return group.run(runtime, calling_from(None, run))
         return runtime.run_sync(calling_from(None, run))
 
     async def _arun(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
@@ -384,12 +388,18 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
             return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
 
+        group = None if return_exceptions else batch_group.BatchGroup()  # an input's error stops the rest, as plain
+
         def one(input: Any, config: RunnableConfig) -> Any:
+            if group is not None:
+                group.join()
             try:
                 return self.invoke(input, config)
             except Exception as exc:
                 if return_exceptions:
                     return exc
+                if group is not None:
+                    group.fail(exc)
                 raise
 
         # Not through the configs' max_concurrency: that would reach every nested runnable.
