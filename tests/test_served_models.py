@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 
 from teola_plugin import datasets
 from tests.fixtures_served import SERVED_NAME, docs_rag_chain, free_port
@@ -81,16 +83,26 @@ def test_openai_like_query_engine_sends_plain_requests_and_answers_alike(
     (store,) = app.engines.local
     assert app.engines.local[store].owner is squad_index.vector_store
     recording_proxy.replay = True  # tree_summarize's first calls overlap under Teola: plain's replies
+    spans, root = SimpleSpanHandler(), get_dispatcher()
+    root.add_span_handler(spans)
+    span_names = []
     for question in QUESTIONS[:2]:
+        spans.completed_spans.clear()
         plain = engine.query(question)
         sent_plain = recording_proxy.take()
+        span_names.append({s.id_.rsplit("-", 5)[0] for s in spans.completed_spans})
+        spans.completed_spans.clear()
         teola = executor.query(engine, question)
         sent_teola = recording_proxy.take()
+        # lowered steps open fewer spans than plain's own code, never others (reading the
+        # synthesizer's prompts opened its _get_prompts / _get_prompt_modules spans)
+        assert {s.id_.rsplit("-", 5)[0] for s in spans.completed_spans} <= span_names[-1]
         assert str(teola) == str(plain) and str(plain)
         assert [n.node.node_id for n in teola.source_nodes] == [n.node.node_id for n in plain.source_nodes]
         path = "/v1/chat/completions" if mode == "chat" else "/v1/completions"
         assert sent_plain and {p for p, _ in sent_plain} == {path}
         assert bodies(sent_teola) == bodies(sent_plain)
+    root.span_handlers.remove(spans)
     started = {name for name, spec in executor.runtime.specs.items()
                if spec.kwargs.get("base_url") == recording_proxy.base_url and name in executor.runtime.local_engines()}
     assert started == {served} and store in executor.runtime.local_engines()

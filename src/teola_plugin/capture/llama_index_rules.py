@@ -66,6 +66,19 @@ EMBEDDING_ONLY_STORES = frozenset({"SimpleVectorStore", "ChromaVectorStore", "Fa
 VECTOR_ONLY_MODES = frozenset({VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR})
 
 
+def _unobserved_prompts(component: Any) -> dict[str, Any]:
+    """``component.get_prompts()`` without the spans LlamaIndex's instrumentation opens around
+    its ``_get_prompts`` / ``_get_prompt_modules`` (plain's query reads no prompts that way)."""
+    own = getattr(type(component)._get_prompts, "__wrapped__", None)
+    modules = getattr(type(component)._get_prompt_modules, "__wrapped__", None)
+    if own is None or modules is None:
+        return component.get_prompts()
+    prompts = dict(own(component))
+    for name, module in modules(component).items():
+        prompts.update({f"{name}:{key}": p for key, p in _unobserved_prompts(module).items()})
+    return prompts
+
+
 @lowering_rule(QUERY_ENGINE_RULES, RetrieverQueryEngine)
 def lower_retriever_query_engine(tr: LlamaIndexTracer, engine: RetrieverQueryEngine) -> dict[str, Ref]:
     nodes = tr.lower_retriever(engine.retriever)
@@ -176,7 +189,7 @@ def synthesis_planner(ctx: TraceContext, synthesizer: Any, needs: EngineNeeds) -
             raise NotLowerable(f"{what} synthesis is not lowered yet")
     if isinstance(synthesizer, Accumulate) and synthesizer._streaming:
         raise NotLowerable("Accumulate cannot stream (LlamaIndex raises ValueError; its own code runs)")
-    parsers = [spec.parse_output] + [getattr(p, "output_parser", None) for p in synthesizer.get_prompts().values()]
+    parsers = [spec.parse_output] + [getattr(p, "output_parser", None) for p in _unobserved_prompts(synthesizer).values()]
     if synthesizer._streaming and any(p is not None for p in parsers):
         raise NotLowerable("streaming with an output parser (LlamaIndex raises NotImplementedError; its own "
                            "code runs)")
