@@ -143,8 +143,9 @@ def test_a_chat_models_bind_and_with_config_are_lowered_like_a_completion_models
             trace = trace_runnable(prompt | bound, LAYOUT)
             assert not trace.opaque, (type(model).__name__, trace.opaque)
             assert "llm_decode" in {p.op.value for p in trace.graph}
-    reasons = opaque_reasons(prompt | served.bind(logprobs=True))
-    assert any("logprobs" in r for r in reasons.values())
+    assert not trace_runnable(prompt | served.bind(logprobs=True, max_tokens=4), LAYOUT).opaque  # sampling: lowered
+    reasons = opaque_reasons(prompt | served.bind(n=2))  # several completions: its own call
+    assert any("['n']" in r for r in reasons.values())
 
 
 def test_a_multi_query_line_no_search_had_runs_the_retrievers_own_search():
