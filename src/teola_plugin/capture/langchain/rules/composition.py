@@ -11,7 +11,8 @@ import operator
 from typing import Any
 
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough, RunnableSequence
+from langchain_core.runnables import (RunnableGenerator, RunnableLambda, RunnableParallel, RunnablePassthrough,
+                                      RunnableSequence)
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 
 from ....ir.ops import Op
@@ -85,6 +86,18 @@ def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value
     if langchains_own(func):
         return t.opaque_call(lam, value, f"LangChain's own function ({function})", report=False)
     raise NotLowerable(f"user function ({function}): runs unchanged on the CPU")
+
+
+@lowering(RunnableGenerator)
+def lower_generator(t: LangChainTracer, gen: RunnableGenerator, value: Value) -> Value:
+    """A generator step (``with_structured_output``'s refusal check): LangChain's own runs as it
+    is, not reported as opaque; a user's is opaque (it may stream, count or log)."""
+    func = getattr(gen, "_transform", None) or getattr(gen, "_atransform", None)
+    named = unwrap_partial(func)
+    function = f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
+    if langchains_own(func):
+        return t.opaque_call(gen, value, f"LangChain's own generator ({function})", report=False)
+    raise NotLowerable(f"user generator ({function}): runs unchanged on the CPU")
 
 
 try:  # langchain-core >= 1.0: a message's ``.text`` (what the parser returns for a reply), also callable
