@@ -542,7 +542,7 @@ def test_a_sync_calls_max_concurrency_limits_a_parallels_branches_as_plain(recor
 
 
 def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, recording_proxy, served_runtime):
-    """``batch`` without ``return_exceptions``: plain batches a sequence step by step, so an
+    """``batch`` / ``abatch`` without ``return_exceptions``: plain batches a sequence step by step, so an
     input whose prompt lacks a variable raises before any model call and every input's run
     ends with that ``KeyError``. Teola's other inputs, graph runs already under way, are
     cancelled (their requests aborted) and their runs end with the same error; with
@@ -568,10 +568,11 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
     inputs = [{"topic": "cats"}, {"subject": "dogs"}, {"topic": "owls"}, {"topic": "bees"}]
     fast = TeolaRunnable(chain, runtime=served_runtime)
     for runner in (chain, fast):
-        runs = RootRuns()
-        with pytest.raises(KeyError):
-            runner.batch(inputs, {"callbacks": [runs]})
-        assert runs.ended == ["KeyError"] * 4, runner
+        for call in (runner.batch, lambda *a: asyncio.run(runner.abatch(*a))):
+            runs = RootRuns()
+            with pytest.raises(KeyError):
+                call(inputs, {"callbacks": [runs]})
+            assert runs.ended == ["KeyError"] * 4, runner
     assert_server_and_engines_idle(model_server, served_runtime)  # the cancelled inputs' requests aborted
     answered = fast.batch(inputs[:3], return_exceptions=True)
     assert isinstance(answered[1], KeyError) and all(isinstance(a, str) and a for a in answered[::2])

@@ -9,6 +9,7 @@ error, and ``batch`` raises it.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextvars
 import threading
@@ -19,7 +20,8 @@ _GROUP: contextvars.ContextVar[BatchGroup | None] = contextvars.ContextVar("teol
 
 
 class BatchGroup:
-    """The graph runs of one sync ``batch`` (one per input, each on its own thread)."""
+    """The graph runs of one ``batch`` (one per input, each on its own thread) or ``abatch``
+    (one per input, each in its own task)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -27,20 +29,13 @@ class BatchGroup:
         self.failure: BaseException | None = None
 
     def join(self) -> None:
-        """Make this thread's graph runs (``current().run``) members of the group."""
+        """Make this thread's (this task's) graph runs members of the group."""
         _GROUP.set(self)
 
     def run(self, runtime: Any, coro: Awaitable[Any]) -> Any:
         """``runtime.run_sync(coro)`` as a member: cancelled when another input fails, then
         raising that input's error; its own error (not a cancellation) stops the others."""
-        future = runtime.submit(coro)
-        with self._lock:
-            stopped = self.failure
-            if stopped is None:
-                self._runs.add(future)
-        if stopped is not None:
-            future.cancel()
-            raise stopped
+        future = self._member(runtime.submit(coro))
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -54,6 +49,34 @@ class BatchGroup:
         finally:
             with self._lock:
                 self._runs.discard(future)
+
+    async def arun(self, runtime: Any, coro: Awaitable[Any]) -> Any:
+        """``await runtime.run_async(coro)`` as a member (``abatch``: each input a task)."""
+        await runtime.aevent_loop()
+        future = self._member(runtime.submit(coro))
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if self.failure is not None and future.cancelled():
+                raise self.failure from None
+            future.cancel()  # its caller cancelled it: its run stops too
+            raise
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        finally:
+            with self._lock:
+                self._runs.discard(future)
+
+    def _member(self, future: concurrent.futures.Future[Any]) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            stopped = self.failure
+            if stopped is None:
+                self._runs.add(future)
+        if stopped is not None:
+            future.cancel()
+            raise stopped
+        return future
 
     def fail(self, exc: BaseException) -> None:
         """An input failed (in its graph run, or before it started one): stop the others."""

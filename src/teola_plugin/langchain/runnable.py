@@ -27,7 +27,7 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, 
 from langchain_core.runnables.config import (ContextThreadPoolExecutor, ensure_config, get_config_list, merge_configs,
                                              var_child_runnable_config)
 from langchain_core.runnables.graph import Graph
-from langchain_core.runnables.utils import AddableDict
+from langchain_core.runnables.utils import AddableDict, gather_with_concurrency
 from langchain_core.vectorstores import VectorStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -372,6 +372,9 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         runtime, plan = self.teola_runtime(), plan or await self._aplan(input)
         caller = asyncio.get_running_loop()
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
+        group = batch_group.current()
+        if group is not None:  # an input of an abatch that stops when another input fails
+            return await group.arun(runtime, calling_from(caller, run))
         return await runtime.run_async(calling_from(caller, run))
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
@@ -413,7 +416,24 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if inputs and await self._aruns_as_is(inputs[0]):
             with self._running_as_is():
                 return await self.chain.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        if return_exceptions or kwargs or not inputs:
+            return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        configs = get_config_list(config, len(inputs))
+        group = batch_group.BatchGroup()  # an input's error stops the rest, as plain
+
+        async def one(input: Any, config: RunnableConfig) -> Any:
+            group.join()  # this task's context
+            try:
+                return await self.ainvoke(input, config)
+            except Exception as exc:
+                group.fail(exc)
+                return exc
+
+        # every input's run has ended (the others' with the failure) before it is raised, as in plain
+        outputs = await gather_with_concurrency(configs[0].get("max_concurrency"), *map(one, inputs, configs))
+        if group.failure is not None:
+            raise group.failure
+        return outputs
 
     def batch_as_completed(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None,
                            *, return_exceptions: bool = False, **kwargs: Any) -> Iterator[tuple[int, Any]]:
