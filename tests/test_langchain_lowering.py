@@ -208,8 +208,10 @@ def test_pick_of_a_known_key_is_the_field_itself():
     assert not [o for o in trace.opaque if o.component.startswith("RunnablePick")]
     (decode,) = [p for p in trace.graph if p.op.value == "llm_decode"]
     assert trace.output.tokens_from == decode.name and trace.output.fields is None  # the answer streams as the output
-    assert opaque_reasons(both.pick(["answer", "question"]))["RunnablePick<answer,question>"] == \
-        "it picks several keys (into an AddableDict)"
+    several = trace_runnable(both.pick(["answer", "question"]), LAYOUT)  # an AddableDict of both
+    assert not [o for o in several.opaque if o.component.startswith("RunnablePick")]
+    assert several.output.fields == ("answer", "question")
+    assert opaque_reasons(both.pick(["missing"]))["RunnablePick<missing>"] == "input holds none of ['missing'] (it picks None)"
     assert "RunnablePick<missing>" in opaque_reasons(both.pick("missing"))
 
 

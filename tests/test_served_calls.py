@@ -578,6 +578,27 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
     assert isinstance(answered[1], KeyError) and all(isinstance(a, str) and a for a in answered[::2])
 
 
+def test_picking_several_keys_is_lowered_into_plains_addable_dict(recording_proxy, served_runtime):
+    """``.pick(["answer", "question"])`` (LangChain's RAG-with-sources pattern): lowered, the
+    same ``AddableDict`` of the keys the input holds, as plain's ``_pick`` builds it."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+
+    recording_proxy.replay = True
+    answer = ChatPromptTemplate.from_template("Answer briefly: {question}") | chat_openai(recording_proxy.base_url) \
+        | StrOutputParser()
+    with_answer = RunnablePassthrough.assign(answer=answer)
+    x = {"question": "Who won Super Bowl 50?"}
+    for keys in (["answer", "question"], ["answer", "missing"]):
+        chain = with_answer.pick(keys)
+        fast = TeolaRunnable(chain, runtime=served_runtime)
+        assert fast._plan(x).trace.opaque == []
+        expected = chain.invoke(x)
+        got = fast.invoke(x)
+        assert got == expected and type(got) is type(expected) and list(got) == list(expected)
+
+
 def test_a_legacy_chain_wrapped_is_called_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):
     """Existing apps call legacy chains (``langchain_classic``: ``LLMChain``,
     ``load_summarize_chain``) as ``chain(inputs)``, ``chain.run(...)``, ``chain.predict(...)``,

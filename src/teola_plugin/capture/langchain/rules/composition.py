@@ -14,6 +14,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import (RunnableGenerator, RunnableLambda, RunnableParallel, RunnablePassthrough,
                                       RunnableSequence)
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
+from langchain_core.runnables.utils import AddableDict
 
 from ....ir.ops import Op
 from ..step_runs import step_tag
@@ -65,12 +66,18 @@ def _itemgetter_key(func: Any) -> str | None:
 
 @lowering(RunnablePick)
 def lower_pick(t: LangChainTracer, pick: RunnablePick, value: Value) -> Value:
-    """``.pick("key")``: that field of a dict whose keys are known while tracing."""
-    if not isinstance(pick.keys, str):
-        raise NotLowerable("it picks several keys (into an AddableDict)")
-    if not isinstance(value, Record) or pick.keys not in value.as_dict():
+    """``.pick("key")``: that field of a dict whose keys are known while tracing; ``.pick([...])``
+    those of its keys it holds, as the ``AddableDict`` ``_pick`` builds (one holding none runs as it is)."""
+    keys = [pick.keys] if isinstance(pick.keys, str) else list(pick.keys)
+    if not isinstance(value, Record) or (isinstance(pick.keys, str) and pick.keys not in value.as_dict()):
         raise NotLowerable(f"input is not a dict known to hold {pick.keys!r} while tracing")
-    return value.as_dict()[pick.keys]
+    fields = value.as_dict()
+    if isinstance(pick.keys, str):
+        return fields[pick.keys]
+    picked = {k: fields[k] for k in keys if k in fields}
+    if not picked:
+        raise NotLowerable(f"input holds none of {keys} (it picks None)")
+    return Record.of(picked, AddableDict)
 
 
 @lowering(RunnableLambda)
