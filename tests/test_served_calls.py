@@ -550,10 +550,12 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnableLambda
 
     class RootRuns(BaseCallbackHandler):
         def __init__(self):
             self.ended: list[str] = []
+            self.models: set = set()  # model runs started and not ended
 
         def on_chain_end(self, outputs, *, run_id, parent_run_id=None, **kwargs):
             if parent_run_id is None:
@@ -562,6 +564,15 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
         def on_chain_error(self, error, *, run_id, parent_run_id=None, **kwargs):
             if parent_run_id is None:
                 self.ended.append(type(error).__name__)
+
+        def on_chat_model_start(self, serialized, messages, *, run_id, **kwargs):
+            self.models.add(run_id)
+
+        def on_llm_end(self, response, *, run_id, **kwargs):
+            self.models.discard(run_id)
+
+        def on_llm_error(self, error, *, run_id, **kwargs):
+            self.models.discard(run_id)
 
     chain = ChatPromptTemplate.from_template("Tell me a long story about {topic}.") \
         | chat_openai(recording_proxy.base_url, max_tokens=96) | StrOutputParser()
@@ -574,6 +585,22 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
                 call(inputs, {"callbacks": [runs]})
             assert runs.ended == ["KeyError"] * 4, runner
     assert_server_and_engines_idle(model_server, served_runtime)  # the cancelled inputs' requests aborted
+
+    def refuse_dogs(x: dict) -> dict:
+        if x["topic"] == "dogs":
+            time.sleep(0.5)  # the other inputs' model calls are under way by now
+            raise ValueError("no dogs")
+        return x
+
+    # the others' model calls are stopped mid-way: their started runs end (with the error)
+    refusing = RunnableLambda(refuse_dogs) | chain
+    both = [{"topic": t} for t in ("cats", "dogs", "owls")]
+    for call in (TeolaRunnable(refusing, runtime=served_runtime).batch,
+                 lambda *a: asyncio.run(TeolaRunnable(refusing, runtime=served_runtime).abatch(*a))):
+        runs = RootRuns()
+        with pytest.raises(ValueError, match="no dogs"):
+            call(both, {"callbacks": [runs]})
+        assert runs.models == set() and "ValueError" in runs.ended and "KeyError" not in runs.ended
     answered = fast.batch(inputs[:3], return_exceptions=True)
     assert isinstance(answered[1], KeyError) and all(isinstance(a, str) and a for a in answered[::2])
 

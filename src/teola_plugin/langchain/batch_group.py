@@ -4,7 +4,8 @@ Plain LangChain batches a sequence step by step: an input whose prompt fails to 
 stops the batch before any model request is sent, and every input's run ends with that
 error. Each input here is a graph run of its own, so the others may be further along: they
 are cancelled (their engine work and model requests aborted), their runs end with the same
-error, and ``batch`` raises it.
+error (another input that fails ends with the first error too), and ``batch`` raises it. An
+input that had already answered has ended its run (plain ends every run at the batch's end).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class BatchGroup:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: set[concurrent.futures.Future[Any]] = set()
+        self._runs: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
         self.failure: BaseException | None = None
 
     def join(self) -> None:
@@ -33,9 +34,9 @@ class BatchGroup:
         _GROUP.set(self)
 
     def run(self, runtime: Any, coro: Awaitable[Any]) -> Any:
-        """``runtime.run_sync(coro)`` as a member: cancelled when another input fails, then
-        raising that input's error; its own error (not a cancellation) stops the others."""
-        future = self._member(runtime.submit(coro))
+        """``runtime.run_sync(coro)`` as a member: stopped when another input fails, then
+        raising that input's error once the run has ended (its callback runs reported)."""
+        future = runtime.submit(self._member(coro))
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -44,16 +45,12 @@ class BatchGroup:
             raise
         except BaseException as exc:
             future.cancel()  # a timeout or Ctrl-C on this thread stops its own run too
-            self.fail(exc)
-            raise
-        finally:
-            with self._lock:
-                self._runs.discard(future)
+            raise self.stopped_by(exc) from None
 
     async def arun(self, runtime: Any, coro: Awaitable[Any]) -> Any:
         """``await runtime.run_async(coro)`` as a member (``abatch``: each input a task)."""
         await runtime.aevent_loop()
-        future = self._member(runtime.submit(coro))
+        future = runtime.submit(self._member(coro))
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -62,21 +59,32 @@ class BatchGroup:
             future.cancel()  # its caller cancelled it: its run stops too
             raise
         except BaseException as exc:
-            self.fail(exc)
-            raise
-        finally:
-            with self._lock:
-                self._runs.discard(future)
+            raise self.stopped_by(exc) from None
 
-    def _member(self, future: concurrent.futures.Future[Any]) -> concurrent.futures.Future[Any]:
+    async def _member(self, coro: Awaitable[Any]) -> Any:
+        """``coro`` on the runtime loop as the group's: its task is what ``fail`` cancels, so
+        the caller's future resolves only once the run has finished stopping."""
+        entry = (asyncio.get_running_loop(), asyncio.current_task())
         with self._lock:
             stopped = self.failure
             if stopped is None:
-                self._runs.add(future)
+                self._runs.add(entry)  # type: ignore[arg-type]
         if stopped is not None:
-            future.cancel()
+            coro.close()  # type: ignore[attr-defined]
             raise stopped
-        return future
+        try:
+            return await coro
+        finally:
+            with self._lock:
+                self._runs.discard(entry)  # type: ignore[arg-type]
+
+    def stopped_by(self, exc: BaseException) -> BaseException:
+        """What an input that failed with ``exc`` raises: the batch's first error (``exc`` if
+        it is the first), so every input's run ends with that one, as in plain's batch."""
+        if not isinstance(exc, Exception):  # Ctrl-C, SystemExit: its own
+            return exc
+        self.fail(exc)
+        return self.failure or exc
 
     def fail(self, exc: BaseException) -> None:
         """An input failed (in its graph run, or before it started one): stop the others."""
@@ -85,9 +93,18 @@ class BatchGroup:
                 return
             self.failure = exc
             others = list(self._runs)
-        for future in others:
-            future.cancel()
+        for loop, task in others:
+            loop.call_soon_threadsafe(task.cancel)
 
 
 def current() -> BatchGroup | None:
     return _GROUP.get()
+
+
+def joined(group: BatchGroup | None) -> contextvars.Token[BatchGroup | None]:
+    """Make ``group`` (None: no group) this context's, for the threads and tasks it starts."""
+    return _GROUP.set(group)
+
+
+def leave(token: contextvars.Token[BatchGroup | None]) -> None:
+    _GROUP.reset(token)

@@ -16,8 +16,8 @@ observer):
   work never waits for a callback;
 * on failure, reports ``on_chain_error`` (``on_retriever_error``) for every run still open,
   innermost first, as plain's runs do while the error passes through them; a run a primitive
-  opened (``opens_run``: its ``run`` output, a lowered retriever's, closed by the primitive
-  that reads it) is innermost.
+  opened (``opens_run``: its ``run`` output, a lowered retriever's or model call's, closed by
+  the primitive that reads it) is innermost.
 
 A sub-chain met at run time (a ``RunnableBranch``'s chosen branch, a ``RunnableEach``'s
 element) runs as an expansion with a run tree of its own, which also reports the sub-chain's
@@ -168,8 +168,14 @@ class RunTree:
             del self._open[None]
             await in_framework_thread(own.on_chain_end, await _shared(self._future(self.graph.outputs["output"])))
         if error is not None:
-            for manager in reversed(list(self._opened_by.values())):  # a lowered retriever's search failed
-                await in_framework_thread(manager.on_retriever_error, error)
+            # runs a step opened that the step ending them never reached: a lowered retriever's
+            # whose search failed, a model call's that the failure stopped (its ``failed``)
+            for manager in reversed(list(self._opened_by.values())):
+                failed = getattr(manager, "failed", None)
+                if failed is not None:
+                    await failed(error)
+                else:
+                    await in_framework_thread(manager.on_retriever_error, error)
             for run, manager in reversed(list(self._open.items())):  # innermost (started last) first
                 retriever = run is not None and self.scopes.runs[run].kind == "retriever"
                 await in_framework_thread(manager.on_retriever_error if retriever else manager.on_chain_error, error)

@@ -361,18 +361,28 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
     def _run(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
         """One graph run of ``input``; ``plan``: its plan when the caller has it (else traced
         now, which raises what makes the chain untraceable)."""
-        runtime, plan = self.teola_runtime(), plan or self._plan(input)
-        run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         group = batch_group.current()
+        try:
+            runtime, plan = self.teola_runtime(), plan or self._plan(input)
+        except Exception as exc:
+            if group is None:
+                raise
+            raise group.stopped_by(exc) from None
+        run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         if group is not None:  # an input of a batch that stops when another input fails
             return group.run(runtime, calling_from(None, run))
         return runtime.run_sync(calling_from(None, run))
 
     async def _arun(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
-        runtime, plan = self.teola_runtime(), plan or await self._aplan(input)
+        group = batch_group.current()
+        try:
+            runtime, plan = self.teola_runtime(), plan or await self._aplan(input)
+        except Exception as exc:
+            if group is None:
+                raise
+            raise group.stopped_by(exc) from None
         caller = asyncio.get_running_loop()
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
-        group = batch_group.current()
         if group is not None:  # an input of an abatch that stops when another input fails
             return await group.arun(runtime, calling_from(caller, run))
         return await runtime.run_async(calling_from(caller, run))
@@ -389,7 +399,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                 return self.chain.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         configs = get_config_list(config, len(inputs))
         if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
-            return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+            # LangChain's threads copy this context: its inputs' graph runs stop together too
+            token = batch_group.joined(None if return_exceptions or kwargs else batch_group.BatchGroup())
+            try:
+                return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+            finally:
+                batch_group.leave(token)
 
         group = None if return_exceptions else batch_group.BatchGroup()  # an input's error stops the rest, as plain
 

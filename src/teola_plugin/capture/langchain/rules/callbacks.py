@@ -93,6 +93,7 @@ class CallRun:
         self.chat = chat
         self.streaming = streaming
         self._last: asyncio.Future[None] | None = None
+        self.ended = False  # on_llm_end or on_llm_error reported: the run is over
 
     def __call__(self, text: str) -> None:  # on the runtime loop, per decoded delta
         if not self.streaming:
@@ -118,7 +119,11 @@ class CallRun:
 
     async def failed(self, error: BaseException) -> None:
         """``on_llm_error`` with the model's own exception, as its generate reports a failed
-        call (a chat model: the error's HTTP response in the generation's metadata)."""
+        call (a chat model: the error's HTTP response in the generation's metadata); also with
+        the graph run's error when the run stopped it (once: a run ends once)."""
+        if self.ended:
+            return
+        self.ended = True
         await self.reported()
         generations = [_generate_response_from_error(error)] if self.chat else []
         await in_framework_thread(self.run.on_llm_error, error, response=LLMResult(generations=generations))
@@ -200,6 +205,7 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
             generation = ChatGeneration(message=AIMessage(content=text)) if chat else Generation(text=text)
             result, message = LLMResult(generations=[[generation]]), None
         if run is not None:
+            run.ended = True
             await run.reported()
             await in_framework_thread(run.run.on_llm_end, result)
         return {"text": text, "message": message}

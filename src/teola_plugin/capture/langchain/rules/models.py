@@ -131,7 +131,8 @@ def add_llm_call(t: LangChainTracer, model: Any, value: Value, stop: list[str] |
     report_start, report_end = call_reporters(model, spec, stop, bound, step, call_kwargs, given.build)
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("llm_start"),
                           inputs={"prompt": fmt.out(), **{f"{INPUT_PORT}{k}": r for k, r in given.refs.items()}},
-                          outputs=["run"], attrs={"fn": report_start}, origin=origin, after={fmt.name})
+                          outputs=["run"], attrs={"fn": report_start, "opens_run": True}, origin=origin,
+                          after={fmt.name})
     decode = emit_llm_call(t.add, fmt.out(), spec, origin, est_tokens, listener=started.out("run"), **decode_attrs)
     ended = t.add(Op.OPAQUE, name="llm_end", inputs={"run": started.out("run"), "text": decode.out("text"),
                                                      "response": decode.out("response")},
