@@ -83,13 +83,8 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
     decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
                            est_items=fusion.num_queries - 1)
     events = CompleteEvents.of(fusion._llm, prompt_text)
-    if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)
-        # (not in module order: they wait only for what they report)
-        started = tr.graph.add(Op.OPAQUE, name=tr.graph.unique_name("llm_start"), inputs={"query": tr.query},
-                               origin=origin, attrs={"fn": framework_call(events.start), "pure": False})
-        tr.graph.add(Op.OPAQUE, name=tr.graph.unique_name("llm_end"),
-                     inputs={"started": started.out(), "text": decode.out("text"), "response": decode.out("response")},
-                     origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
+    if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
+        events.add_steps(tr.graph, {"query": tr.query}, decode, origin)
     return decode.out("text"), decode.out("items")
 
 

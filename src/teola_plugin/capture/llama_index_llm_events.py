@@ -34,6 +34,11 @@ from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms import callbacks as llm_callbacks
 from llama_index.core.llms import llm as llm_module
 
+from ..ir.graph import PGraph
+from ..ir.node import Primitive, Ref
+from ..ir.ops import Op
+from .llama_index import framework_call
+
 
 @dataclass(frozen=True)
 class StartedCall:
@@ -72,6 +77,15 @@ class LLMEvents:
     def of(cls, llm: Any, template: Any, prompt_args: dict[str, Any]) -> LLMEvents | None:
         """None when nobody listens (then nothing is added to the graph)."""
         return cls(llm, template, prompt_args) if _listened(llm) else None
+
+    def add_steps(self, graph: PGraph, start_inputs: dict[str, Ref], decode: Primitive, origin: str) -> None:
+        """Its ``llm_start`` step (on ``start_inputs``) and ``llm_end`` step (after ``decode``):
+        a side branch of the call, impure so no pass removes it."""
+        started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs=start_inputs, origin=origin,
+                            attrs={"fn": framework_call(self.start), "pure": False})
+        graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
+                  inputs={"started": started.out(), "text": decode.out("text"), "response": decode.out("response")},
+                  origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
 
     def _model_dict(self) -> dict[str, Any]:
         payload = getattr(self.llm, "to_payload", None)

@@ -293,12 +293,8 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
     decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN, always_streamed=streamed)
     text = decode.out("text")  # the decode's own: a caller may stream its tokens
     events = LLMEvents.of(llm, template, prompt_args)
-    if events is not None:  # the LLM's own callback / instrumentation events: a side branch (impure, so kept)
-        started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs={"prompt": prompt.out()},
-                            origin=origin, attrs={"fn": framework_call(events.start), "pure": False})
-        graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
-                  inputs={"started": started.out(), "text": text, "response": decode.out("response")},
-                  origin=origin, attrs={"fn": framework_call(events.end), "pure": False})
+    if events is not None:  # the LLM's own callback / instrumentation events
+        events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
     if spec.parse_output is None:
         return text
     parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},

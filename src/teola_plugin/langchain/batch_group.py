@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 _GROUP: contextvars.ContextVar[BatchGroup | None] = contextvars.ContextVar("teola_batch_group", default=None)
@@ -28,10 +29,6 @@ class BatchGroup:
         self._lock = threading.Lock()
         self._runs: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
         self.failure: BaseException | None = None
-
-    def join(self) -> None:
-        """Make this thread's (this task's) graph runs members of the group."""
-        _GROUP.set(self)
 
     def run(self, runtime: Any, coro: Awaitable[Any]) -> Any:
         """``runtime.run_sync(coro)`` as a member: stopped when another input fails, then
@@ -101,10 +98,23 @@ def current() -> BatchGroup | None:
     return _GROUP.get()
 
 
-def joined(group: BatchGroup | None) -> contextvars.Token[BatchGroup | None]:
-    """Make ``group`` (None: no group) this context's, for the threads and tasks it starts."""
-    return _GROUP.set(group)
+@contextlib.contextmanager
+def joined(group: BatchGroup | None) -> Iterator[BatchGroup | None]:
+    """``group`` (None: no group) is this context's, and so of the threads and tasks it
+    starts (LangChain's executor and asyncio copy the context into each)."""
+    token = _GROUP.set(group)
+    try:
+        yield group
+    finally:
+        _GROUP.reset(token)
 
 
-def leave(token: contextvars.Token[BatchGroup | None]) -> None:
-    _GROUP.reset(token)
+@contextlib.contextmanager
+def stopping(group: BatchGroup | None) -> Iterator[None]:
+    """An error before a member's graph run starts (its plan) stops the group too."""
+    try:
+        yield
+    except Exception as exc:
+        if group is None:
+            raise
+        raise group.stopped_by(exc) from None

@@ -362,12 +362,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """One graph run of ``input``; ``plan``: its plan when the caller has it (else traced
         now, which raises what makes the chain untraceable)."""
         group = batch_group.current()
-        try:
+        with batch_group.stopping(group):
             runtime, plan = self.teola_runtime(), plan or self._plan(input)
-        except Exception as exc:
-            if group is None:
-                raise
-            raise group.stopped_by(exc) from None
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         if group is not None:  # an input of a batch that stops when another input fails
             return group.run(runtime, calling_from(None, run))
@@ -375,12 +371,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     async def _arun(self, input: Any, plan: ExecutionPlan | None = None) -> Any:
         group = batch_group.current()
-        try:
+        with batch_group.stopping(group):
             runtime, plan = self.teola_runtime(), plan or await self._aplan(input)
-        except Exception as exc:
-            if group is None:
-                raise
-            raise group.stopped_by(exc) from None
         caller = asyncio.get_running_loop()
         run = plan.execute(runtime, input, timeout_s=self.timeout_s, lowers=self._lowering())
         if group is not None:  # an input of an abatch that stops when another input fails
@@ -399,18 +391,10 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                 return self.chain.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         configs = get_config_list(config, len(inputs))
         if kwargs or len(inputs) == 1 or any(c.get("max_concurrency") for c in configs):
-            # LangChain's threads copy this context: its inputs' graph runs stop together too
-            token = batch_group.joined(None if return_exceptions or kwargs else batch_group.BatchGroup())
-            try:
+            with batch_group.joined(None if return_exceptions or kwargs else batch_group.BatchGroup()):
                 return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
-            finally:
-                batch_group.leave(token)
-
-        group = None if return_exceptions else batch_group.BatchGroup()  # an input's error stops the rest, as plain
 
         def one(input: Any, config: RunnableConfig) -> Any:
-            if group is not None:
-                group.join()
             try:
                 return self.invoke(input, config)
             except Exception as exc:
@@ -420,8 +404,10 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                     group.fail(exc)
                 raise
 
-        # Not through the configs' max_concurrency: that would reach every nested runnable.
-        with ContextThreadPoolExecutor(max_workers=min(len(inputs), MAX_BATCH_THREADS)) as pool:
+        # an input's error stops the rest, as plain; not through the configs' max_concurrency:
+        # that would reach every nested runnable
+        with batch_group.joined(None if return_exceptions else batch_group.BatchGroup()) as group, \
+                ContextThreadPoolExecutor(max_workers=min(len(inputs), MAX_BATCH_THREADS)) as pool:
             return list(pool.map(one, inputs, configs))
 
     async def abatch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None,
@@ -434,18 +420,18 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         if return_exceptions or kwargs or not inputs:
             return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         configs = get_config_list(config, len(inputs))
-        group = batch_group.BatchGroup()  # an input's error stops the rest, as plain
 
         async def one(input: Any, config: RunnableConfig) -> Any:
-            group.join()  # this task's context
             try:
                 return await self.ainvoke(input, config)
             except Exception as exc:
                 group.fail(exc)
                 return exc
 
-        # every input's run has ended (the others' with the failure) before it is raised, as in plain
-        outputs = await gather_with_concurrency(configs[0].get("max_concurrency"), *map(one, inputs, configs))
+        # an input's error stops the rest, as plain; every input's run has ended (the others'
+        # with the failure) before it is raised
+        with batch_group.joined(batch_group.BatchGroup()) as group:
+            outputs = await gather_with_concurrency(configs[0].get("max_concurrency"), *map(one, inputs, configs))
         if group.failure is not None:
             raise group.failure
         return outputs

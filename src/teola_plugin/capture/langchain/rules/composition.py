@@ -80,14 +80,19 @@ def lower_pick(t: LangChainTracer, pick: RunnablePick, value: Value) -> Value:
     return Record.of(picked, AddableDict)
 
 
+def _function_name(func: Any) -> str:
+    """``module.qualname`` of a step's function (a partial is named by the function it wraps)."""
+    named = unwrap_partial(func)
+    return f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
+
+
 @lowering(RunnableLambda)
 def lower_lambda(t: LangChainTracer, lam: RunnableLambda, value: Value) -> Value:
     key = _itemgetter_key(getattr(lam, "func", None))
     if key is not None and isinstance(value, Record) and key in value.as_dict():
         return value.as_dict()[key]
     func = getattr(lam, "func", None) or getattr(lam, "afunc", None)
-    named = unwrap_partial(func)  # a partial is named by the function it wraps
-    function = f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
+    function = _function_name(func)
     # whose function it is: LangChain's own glue (a helper's ``x["input"]``, a history read)
     # does no engine work and is not the user's code: run as it is, not reported as opaque
     if langchains_own(func):
@@ -100,8 +105,7 @@ def lower_generator(t: LangChainTracer, gen: RunnableGenerator, value: Value) ->
     """A generator step (``with_structured_output``'s refusal check): LangChain's own runs as it
     is, not reported as opaque; a user's is opaque (it may stream, count or log)."""
     func = getattr(gen, "_transform", None) or getattr(gen, "_atransform", None)
-    named = unwrap_partial(func)
-    function = f"{getattr(named, '__module__', None) or ''}.{getattr(named, '__qualname__', type(named).__name__)}"
+    function = _function_name(func)
     if langchains_own(func):
         return t.opaque_call(gen, value, f"LangChain's own generator ({function})", report=False)
     raise NotLowerable(f"user generator ({function}): runs unchanged on the CPU")
