@@ -7,6 +7,7 @@ upgrade; the priorities are pure arithmetic over them."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from llama_index.core.workflow import Context, Event, StartEvent, StopEvent, Workflow, step
@@ -97,13 +98,20 @@ def test_a_steps_calls_carry_the_runs_arrival_and_the_steps_left_to_its_answer()
     later = seen["draft"][0]
     assert later.run_id != positions["draft"].run_id and later.arrival_s > positions["draft"].arrival_s
     # outside a run: a query of its own
-    assert workflow_runs.position() is None and app_runs.call_priority() == Priority()
+    alone = app_runs.call_priority()
+    assert workflow_runs.position() is None and (alone.remaining_s, alone.query_id) == (0.0, "")
+    assert alone.latest_start_s == alone.query_arrival_s == pytest.approx(time.time(), abs=5)
+    # the log step's calls yield: their latest start is the run's arrival plus the off-path slack
+    log = first["log"][1]
+    assert log.latest_start_s == positions["log"].arrival_s + app_runs.OFF_PATH_SLACK_S
+    assert first["answer"][1].latest_start_s == positions["answer"].arrival_s  # on the path
 
 
 def test_a_marked_run_gives_its_calls_one_arrival_and_graph_runs_count_the_work_after_them():
     with app_runs.app_run("chat") as turn:
         assert app_runs.current() == turn and turn.steps_after == 0
-        assert app_runs.call_priority() == Priority(app_runs.step_cost_s(), turn.arrival_s, turn.run_id)
+        step = app_runs.step_cost_s()
+        assert app_runs.call_priority() == Priority(step, turn.arrival_s, turn.run_id, step)
         with app_runs.app_run("langchain") as inner:  # a chain the run calls is part of it
             assert inner == turn
     assert app_runs.current() is None
@@ -114,3 +122,20 @@ def test_a_marked_run_gives_its_calls_one_arrival_and_graph_runs_count_the_work_
     alone = GraphRun(graph, {"texts": []}, lambda name: None, cost=lambda prim: 0.5)
     inside = GraphRun(graph, {"texts": []}, lambda name: None, cost=lambda prim: 0.5, arrival=1.0, after_s=3.0)
     assert alone.remaining == {"work": 0.5} and inside.remaining == {"work": 3.5} and inside.arrival == 1.0
+    assert (alone.critical_path_s, inside.critical_path_s) == (0.5, 3.5)
+    off_path = GraphRun(graph, {"texts": []}, lambda name: None, cost=lambda prim: 0.5, arrival=1.0, slack_s=30.0)
+    assert off_path.critical_path_s == 30.5  # its nodes' latest starts: 30 s after an on-path step's
+
+
+def test_a_graph_expanded_at_run_time_keeps_its_querys_critical_path_and_the_work_after_its_node():
+    graph = PGraph("two")
+    first = graph.add(Op.EMBED, "first", inputs={"texts": graph.input("texts")})
+    second = graph.add(Op.EMBED, "second", inputs={"texts": first.out()})
+    graph.output("vectors", second.out())
+    run = GraphRun(graph, {"texts": []}, lambda name: None, cost=lambda prim: 0.5, after_s=1.0)
+    assert run.remaining == {"first": 2.0, "second": 1.5} and run.critical_path_s == 2.0
+    # what "first" expands into runs with the work after "first" on every path, under the query's path
+    assert run._after("first") == 1.5 and run._after("second") == 1.0
+    child = GraphRun(graph, {"texts": []}, lambda name: None, cost=lambda prim: 0.5,
+                     after_s=run._after("first"), critical_path_s=run.critical_path_s)
+    assert child.remaining == {"first": 2.5, "second": 2.0} and child.critical_path_s == 2.0

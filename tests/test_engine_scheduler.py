@@ -7,6 +7,7 @@ unit tests); the real engines are exercised through the same scheduler in test_r
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -49,23 +50,37 @@ def test_concurrent_requests_share_batches_up_to_the_max_size():
     assert sorted(sizes.values()) == [2, 4, 4]
 
 
-def test_topology_priority_runs_longest_remaining_path_first_then_oldest_query():
+def test_topology_priority_runs_each_request_by_its_latest_start():
+    """Within a query the longest remaining path goes first; across queries a newer query's
+    critical work goes before an older one's only by the older request's slack, so a newer
+    query's long work cannot hold back an older query's short critical step."""
     async def main():
         rec = Recorder(delay=0.01)
         sched = EngineScheduler("e", rec, BatchPolicy(max_batch_size=1, max_wait_s=0.0, max_concurrent=1))
         blocker = asyncio.create_task(sched.submit("op", 0, Priority()))  # occupies the slot
         await asyncio.sleep(0)
+        old = dict(query_arrival_s=100.0, critical_path_s=3.0)  # a query whose whole path is 3 s
         reqs = [
-            sched.submit("op", 1, Priority(remaining_s=1.0, query_arrival_s=5.0)),
-            sched.submit("op", 2, Priority(remaining_s=3.0, query_arrival_s=9.0)),
-            sched.submit("op", 3, Priority(remaining_s=1.0, query_arrival_s=2.0)),
+            sched.submit("op", 1, Priority(remaining_s=0.5, **old)),  # 2.5 s of slack: latest start 102.5
+            sched.submit("op", 2, Priority(remaining_s=3.0, **old)),  # its critical path: 100
+            sched.submit("op", 3, Priority(remaining_s=3.0, query_arrival_s=101.0, critical_path_s=3.0)),  # 101
+            sched.submit("op", 4, Priority(remaining_s=3.0, query_arrival_s=104.0, critical_path_s=3.0)),  # 104
+            sched.submit("op", 5, Priority(remaining_s=0.1, query_arrival_s=101.0, critical_path_s=0.1)),  # 101, later
         ]
         await asyncio.gather(blocker, *reqs)
         await sched.close()
         return rec
 
     rec = run(main())
-    assert [b[0] for b in rec.batches] == [0, 2, 3, 1]
+    assert [b[0] for b in rec.batches] == [0, 2, 3, 5, 1, 4]
+
+
+def test_a_request_of_its_own_arrives_now_on_its_critical_path():
+    before = time.time()
+    p = Priority()
+    assert before <= p.query_arrival_s <= time.time() and p.latest_start_s == p.query_arrival_s
+    assert Priority(2.0, 10.0).latest_start_s == 10.0  # no critical path given: on it
+    assert Priority(0.5, 10.0, critical_path_s=2.0).latest_start_s == 11.5
 
 
 def test_fifo_policy_ignores_the_critical_path():

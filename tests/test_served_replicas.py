@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 
 import pytest
@@ -19,7 +20,6 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_openai import ChatOpenAI
 
-from teola_plugin.engines.llm_served import vllm_priority
 from teola_plugin.langchain import TeolaRunnable
 from teola_plugin.runtime.runtime import Runtime
 from tests.fixtures_served import SERVED_NAME, ModelServer, RecordingProxy, start_model_server
@@ -68,15 +68,17 @@ def served_engines(runtime: Runtime, base_url: str) -> list:
 
 def test_priority_goes_only_to_a_server_that_schedules_by_it(proxies, runtime):
     """The session's server (first come, first served) gets plain's body; the priority server
-    gets it with vLLM's ``priority`` field beside it, from Teola's rule: the request's remaining
-    critical path (longer first), and the same answer."""
+    gets it with vLLM's ``priority`` field beside it, from Teola's rule: the request's latest
+    start (earlier first), and the same answer."""
     fcfs, by_priority = proxies
     for proxy, schedules in ((fcfs, False), (by_priority, True)):
         chain = chat_chain(proxy.base_url)
         plain = chain.invoke({"q": QUESTIONS[0]})
         (sent_plain,) = posts(proxy)
         fast = TeolaRunnable(chain, runtime=runtime)
+        asked = time.time()
         assert fast.invoke({"q": QUESTIONS[0]}) == plain
+        answered = time.time()
         (sent,) = posts(proxy)
         (engine,) = served_engines(runtime, proxy.base_url)
         assert engine.scheduling.enabled is schedules, engine.scheduling.how
@@ -85,19 +87,21 @@ def test_priority_goes_only_to_a_server_that_schedules_by_it(proxies, runtime):
             assert sent == sent_plain
             continue
         assert {k: v for k, v in sent.items() if k != "priority"} == sent_plain and "priority" not in sent_plain
-        decode = next(p for p in fast._plan({"q": QUESTIONS[0]}).graph.nodes if p.op.value == "llm_decode")
-        assert sent["priority"] < 0 and sent["priority"] == vllm_priority(_remaining(fast, decode.name))
+        # the stream opens at the prefill, on the query's critical path: its latest start (ms) is
+        # the query's arrival plus the cost-model time of the prompt's formatting before it
+        before = _before_prefill(fast)
+        assert 0 < before < 0.1
+        assert (asked + before) * 1000 - 1 <= sent["priority"] <= (answered + before) * 1000 + 1
 
 
-def _remaining(fast: TeolaRunnable, node: str):
+def _before_prefill(fast: TeolaRunnable) -> float:
+    """The cost-model time from the query's start to its prefill's (the prompt's formatting)."""
     from teola_plugin.runtime.graph_scheduler import remaining_path
-    from teola_plugin.runtime.policies import Priority
 
-    runtime = fast.teola_runtime()
     plan = fast._plan({"q": QUESTIONS[0]})
-    # the stream opens at the prefill: the request carries the prefill's priority
+    remaining = remaining_path(plan.graph, fast.teola_runtime().cost)
     prefill = next(p.name for p in plan.graph.nodes if p.op.value == "llm_prefill")
-    return Priority(remaining_path(plan.graph, runtime.cost)[prefill])
+    return max(remaining.values()) - remaining[prefill]
 
 
 def test_requests_sharing_a_prefix_go_to_the_replica_that_has_it(proxies):

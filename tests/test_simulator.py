@@ -90,18 +90,26 @@ def test_closed_loop_starts_each_query_when_the_last_ends():
     assert [(r.arrival_s, r.finish_s) for r in results] == [(0.0, 1.5), (1.5, 2.5)]
 
 
-def test_the_engine_serves_the_longer_remaining_path_first():
-    """Topology priority: while q0's embed runs, q1 and q2 queue; q2's embed has a rerank
-    behind it, q1's has nothing, so q2's goes first (FIFO would take q1's)."""
+def upload_and_question(name):
+    """A doc-QA query: a 2 s upload and a 0.5 s question embedding on one embedder, then a join."""
+    return query(node("up", measured=2.0), node("q", measured=0.5),
+                 node("join", op="aggregate", engine="cpu", kind="cpu", group="g3", preds=("up", "q"), measured=0.0),
+                 name=name)
+
+
+def test_the_engine_serves_each_request_by_its_latest_start():
+    """Least laxity first. q0's upload is its critical path (latest start 0 s), its question has
+    1.5 s of slack (latest start 1.5 s). Arrivals after 1.5 s queue behind q0's question; the
+    old rule (longest remaining path first) ran every later upload before it."""
     one_at_a_time = {"embedder": BatchPolicy(max_batch_size=1)}
-    q0, q1 = query(node("a"), name="q0"), query(node("a"), name="q1")
-    q2 = query(node("a"), node("r", op="rerank", engine="reranker", kind="reranker", group="g2", preds=("a",)),
-               name="q2")
-    arrivals = [0.0, 0.5, 0.5]
-    assert latencies([q0, q1, q2], "teola-full", arrivals, policies=one_at_a_time) == [1.0, 2.5, 2.5]
-    fifo = SystemModel("teola-fifo", overlap=True, batching=True, priority="fifo")
-    results = simulate([q0, q1, q2], MEASURED, fifo, arrivals, policies=one_at_a_time)
-    assert [round(r.latency_s, 6) for r in results] == [1.0, 1.5, 3.5]
+    qs = [upload_and_question(f"q{i}") for i in range(3)]
+    # q1 and q2 arrive after q0's question was due to start: it runs at 2 s, when the embedder frees
+    assert latencies(qs, "teola-full", [0.0, 1.6, 1.8], policies=one_at_a_time) == [2.5, 5.4, 5.7]
+    old = SystemModel("old rule", overlap=True, batching=True, priority="remaining_path")
+    results = simulate(qs, MEASURED, old, [0.0, 1.6, 1.8], policies=one_at_a_time)
+    assert [round(r.latency_s, 6) for r in results] == [6.5, 5.4, 5.7]  # q0 waited for both uploads
+    # q1 arrives at 1 s, its upload due to start before q0's question: q0 yields to it, and only to it
+    assert latencies(qs, "teola-full", [0.0, 1.0, 1.8], policies=one_at_a_time) == [4.5, 6.0, 5.7]
 
 
 def test_an_admission_cap_turns_shared_hardware_into_first_come_first_served():

@@ -31,12 +31,15 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import EngineInputError
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
 from .server_features import PrefixCache, PriorityScheduling, detect_prefix_cache, detect_scheduling
+
+if TYPE_CHECKING:
+    from ..runtime.policies import Priority
 
 # Set on the engine's own SDK client: its requests are the engine's, never routed again
 # (``served_calls.openai_sdk`` routes SDK calls made by framework code to this engine).
@@ -88,11 +91,12 @@ class ServerEndpoint:
                 "timeout": self.timeout, "max_retries": self.max_retries}
 
 
-def vllm_priority(priority: Any) -> int:
-    """Teola's priority of a request as vLLM's ``priority`` (lower runs first): the longer the
-    query's remaining critical path, the earlier (milliseconds, negated), the rule the engine
-    schedulers order by (``runtime/policies.py``); vLLM breaks ties by arrival."""
-    return -round(float(getattr(priority, "remaining_s", 0.0)) * 1000)
+def vllm_priority(priority: Priority) -> int:
+    """Teola's priority of a request as vLLM's ``priority`` (lower runs first): the request's
+    latest start (epoch milliseconds), the key the engine schedulers order by
+    (``runtime/policies.py``), comparable across processes that share the server; vLLM breaks
+    ties by arrival."""
+    return round(priority.latest_start_s * 1000)
 
 
 class OpenAICompatibleEngine(LLMEngine):

@@ -1,16 +1,17 @@
 """Where an engine call stands in the app run that makes it: its priority on the engines.
 
-The engine schedulers order requests by (-remaining critical path, query arrival)
-(``policies.py``). A lowered query knows both from its graph. A call made by framework code
+The engine schedulers order requests by their latest start: the query's arrival plus its
+critical path, minus the request's remaining path (``policies.py``). A lowered query knows
+all three from its graph. A call made by framework code
 Teola runs as it is — a step of a LlamaIndex workflow or agent run, the query engine or LLM
 that step calls — would otherwise count as a query of its own, arrived now, with nothing left
 after it. Its place in the *app run* says more:
 
-- the run's arrival: under load an older run's calls go first (FIFO across runs, as for
-  queries, so no run starves);
+- the run's arrival: under load an older run's critical calls go first, as for queries,
+  so no run starves;
 - the steps the run has left after the calling one to its final answer: a call on a long path
   to the answer goes before one near the end, and a call in a step off that path (one whose
-  events never lead to the answer) goes last.
+  events never lead to the answer) yields to others (``OFF_PATH_SLACK_S``).
 
 An integration registers a provider (:func:`add_provider`) that reads the position from its
 framework's own context (LlamaIndex: ``llama_index/workflow_runs.py``), or marks a run of its
@@ -35,6 +36,9 @@ from ..recent import Recent
 from .policies import Priority
 
 MAX_RUNS = 4096  # arrival times remembered (runs seen last)
+# A step whose events never lead to the answer: its calls may wait this long behind the
+# critical work of runs that arrived after its own (bounded, so they do not starve)
+OFF_PATH_SLACK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,12 @@ def after_s(position: RunPosition | None) -> float:
     return position.steps_after * step_cost_s()
 
 
+def slack_s(position: RunPosition | None) -> float:
+    """How long the run's answer does not wait for the calling step: none on its path; off it,
+    ``OFF_PATH_SLACK_S`` (its calls yield to the critical work of runs arriving that much later)."""
+    return OFF_PATH_SLACK_S if position is not None and position.steps_after is None else 0.0
+
+
 def call_priority() -> Priority:
     """A single engine call's priority (a relayed model-server request): its own step and
     what follows it, the run's arrival; a plain ``Priority()`` outside a run."""
@@ -103,7 +113,7 @@ def call_priority() -> Priority:
     if position is None:
         return Priority()
     remaining = 0.0 if position.steps_after is None else step_cost_s() + after_s(position)
-    return Priority(remaining, position.arrival_s, position.run_id)
+    return Priority(remaining, position.arrival_s, position.run_id, remaining + slack_s(position))
 
 
 @functools.lru_cache(maxsize=1)

@@ -67,7 +67,7 @@ class NodeContext:
     def __init__(self, run: GraphRun, prim: Primitive) -> None:
         self.run = run
         self.prim = prim
-        self.priority = Priority(run.remaining.get(prim.name, 0.0), run.arrival, run.query_id)
+        self.priority = Priority(run.remaining.get(prim.name, 0.0), run.arrival, run.query_id, run.critical_path_s)
         self.batch: BatchInfo | None = None
 
     def engine(self) -> ReplicaPool:
@@ -122,6 +122,8 @@ class GraphRun:
         stream_llm_calls: bool = False,
         arrival: float | None = None,
         after_s: float = 0.0,
+        critical_path_s: float | None = None,
+        slack_s: float = 0.0,
         start_engines: Callable[..., Awaitable[Any]] | None = None,
         observer: RunObserver | None = None,
     ) -> None:
@@ -146,6 +148,11 @@ class GraphRun:
         # on every node's path
         self.after_s = after_s
         self.remaining = {name: s + after_s for name, s in remaining_path(graph, cost).items()}
+        # the query's critical path when it started (a graph expanded at run time keeps its
+        # query's), plus the slack of a run's step off its answer's path: the engine
+        # schedulers order by each node's latest start by it (runtime/policies.py)
+        self.critical_path_s = (critical_path_s if critical_path_s is not None
+                                else max(self.remaining.values(), default=after_s) + slack_s)
         self.observer = observer  # watches node by node (a framework's own run reports)
         self._values: dict[Ref, asyncio.Future[Any]] = {}
         self._done: dict[str, asyncio.Future[None]] = {}
@@ -301,6 +308,11 @@ class GraphRun:
                 self._done[prim.name].cancel()
             raise
 
+    def _after(self, name: str) -> float:
+        """The work left after node ``name``: its successors' longest remaining path (the
+        query's work after this graph when it has none)."""
+        return max((self.remaining[s] for s in self.graph.successors(name)), default=self.after_s)
+
     async def _expand(self, prim: Primitive, expansion: Expansion) -> dict[str, Any]:
         # If this node's text is what the caller streams, so is the text of the sub-graph
         # nodes that produce its outputs (e.g. the last refine step).
@@ -311,7 +323,8 @@ class GraphRun:
         child = GraphRun(
             expansion.graph, expansion.inputs, self.engines, cost=self.cost, timeline=self.timeline,
             start_engines=self.start_engines,
-            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival, after_s=self.after_s,
+            handlers=self.handlers, query_id=self.query_id, arrival=self.arrival,
+            after_s=self._after(prim.name), critical_path_s=self.critical_path_s,
             on_token=self.on_token,
             stream_llm_calls=self.stream_llm_calls, observer=expansion.observer,
             token_nodes=(expansion.token_nodes if expansion.token_nodes is not None

@@ -1,32 +1,48 @@
 """Batching policies of the engine schedulers: *which* queued requests run next, and how many.
 
-The rule (topology-aware, the default):
+The rule (topology-aware, the default): smallest key first,
 
-    key(request) = (-remaining_critical_path_s, query_arrival_s, seq)
+    key(request) = (latest_start_s, seq)
+    latest_start_s = query_arrival_s + critical_path_s - remaining_s
 
-smallest key first. ``remaining_critical_path_s`` is the cost-model length of the longest
-path from this primitive to the end of its query's graph, this primitive included. A
-request on a long remaining path delays its query's completion one-for-one; one on a short
-path has slack, so it can wait for the next batch without hurting anyone's latency.
-Between equal paths, the older query goes first (FIFO across queries bounds the wait of
-each, so nobody starves under load), then submission order.
+``remaining_s`` is the cost-model length of the longest path from this primitive to the end
+of its query, this primitive included; ``critical_path_s`` is the query's whole critical path
+when it started. ``latest_start_s`` is when the primitive must start for its query to finish
+as early as it would alone (least laxity first). Within a query that is "longest remaining
+path first": what is on the critical path goes before what has slack. Across queries, a
+newer query's work goes before an older query's only while the older request still has
+slack to give, so nothing starves: a request yields only to work whose own latest start
+is earlier. (The rule used to be ``(-remaining_s, query_arrival_s)``: under load a newer
+query's 100-passage upload ran before an older query's one-text question embedding, however
+old, so that query waited for every upload that arrived after it. Simulated on the
+benchmark's recorded doc-QA traces, ordering by due time (EDF) instead came out the same as
+first come, first served, and least laxity 5-12% better in mean and p99 at 1-3x load.)
 
-``fifo`` (arrival order only) is the ablation baseline.
+``fifo`` (arrival order only) is the ablation baseline; ``remaining_path`` the old rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Priority:
-    """What a graph scheduler tells an engine scheduler about one request."""
+    """What a graph scheduler tells an engine scheduler about one request. The defaults are
+    a request of its own: arrived now, on its critical path, nothing after it."""
 
     remaining_s: float = 0.0  # critical path from this primitive to the query's end
-    query_arrival_s: float = 0.0  # when the query started (time.time())
+    query_arrival_s: float = field(default_factory=time.time)  # when the query started (time.time())
     query_id: str = ""
+    critical_path_s: float | None = None  # the query's, when it started; None: remaining_s (on its path)
+
+    @property
+    def latest_start_s(self) -> float:
+        """When this request must start for its query to finish as early as it would alone."""
+        path = self.remaining_s if self.critical_path_s is None else self.critical_path_s
+        return self.query_arrival_s + path - self.remaining_s
 
 
 @dataclass(frozen=True)
@@ -45,7 +61,7 @@ class BatchPolicy:
                     batch, which would undo their pipelining
     max_concurrent  batches running at once on this engine (1 for a CPU model: two
                     batches would only fight for the same cores)
-    priority        "topology" (the rule above) or "fifo"
+    priority        "topology" (the rule above), "remaining_path" or "fifo"
     """
 
     max_batch_size: int = 32
@@ -72,7 +88,11 @@ class BatchPolicy:
                              and (self.max_batch_items is None or items + n <= self.max_batch_items))
 
 
-def topology_key(p: Priority, seq: int) -> tuple[float, float, int]:
+def topology_key(p: Priority, seq: int) -> tuple[float, int]:
+    return (p.latest_start_s, seq)
+
+
+def remaining_path_key(p: Priority, seq: int) -> tuple[float, float, int]:
     return (-p.remaining_s, p.query_arrival_s, seq)
 
 
@@ -80,7 +100,7 @@ def fifo_key(p: Priority, seq: int) -> tuple[int]:
     return (seq,)
 
 
-PRIORITY_RULES = {"topology": topology_key, "fifo": fifo_key}
+PRIORITY_RULES = {"topology": topology_key, "remaining_path": remaining_path_key, "fifo": fifo_key}
 
 # Defaults per engine kind. vLLM batches continuously inside itself, so its scheduler only
 # orders admission: many in flight, no waiting. CPU models run one batch at a time, capped

@@ -584,7 +584,7 @@ class Runtime:
         position = app_runs.current()  # the app run the caller is in (its context reaches this loop)
         run = GraphRun(graph, inputs, self.engines, cost=self.cost, timeline=self.timeline,
                        arrival=None if position is None else position.arrival_s,
-                       after_s=app_runs.after_s(position),
+                       after_s=app_runs.after_s(position), slack_s=app_runs.slack_s(position),
                        handlers=self.handlers, query_id=query_id, timeout_s=left,
                        on_token=on_token, token_nodes=token_nodes, on_output=on_output,
                        stream_llm_calls=stream_llm_calls, start_engines=self.ready, observer=observer)

@@ -84,6 +84,11 @@ class Durations:
         gain = together / apart if apart > 0 else 1.0
         return sum(self.alone(n) for n in nodes) * min(1.0, gain)
 
+    def compute(self, nodes: Sequence[NodeTrace]) -> float:
+        """Seconds the engine is busy with one call serving ``nodes``: the profile's time for
+        their work items (a recorded time also holds the call's way to the engine and back)."""
+        return self._profiled(self.target, nodes[0], sum(n.items for n in nodes))
+
     def decode_slowdown(self, node: NodeTrace, sequences: int) -> float:
         """How much longer a decode step of ``node``'s engine takes with ``sequences`` in
         flight than with one."""

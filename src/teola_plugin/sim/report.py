@@ -151,7 +151,10 @@ def render(sim: dict[str, Any]) -> str:
         "times the query's other primitives (summarize's leaf decodes are recorded at 0.0-0.1 s for 24-32 "
         f"tokens), so a decode costs at least its tokens after the first at the recorded step "
         f"({_ms(sim.get('recorded_decode_step_s'))} per token: the median of the decodes timed whole; the "
-        "profile's 44 ms would overstate it). Under Poisson load the model's sharing of the two cores is "
+        "profile's 44 ms would overstate it). A prefill holds the LLM's decodes for its compute by the "
+        "profile, not for its whole recorded time, which also holds the request's way into the engine "
+        "and back (search_gen's 192-token prefills: 0.35-0.46 s recorded, 0.16 s by the profile). Under "
+        "Poisson load the model's sharing of the two cores is "
         "coarsest: equal shares for whatever runs, where the OS, vLLM's bound threads and the engines' own "
         "thread pools are not equal.",
         "",
@@ -160,13 +163,14 @@ def render(sim: dict[str, Any]) -> str:
         "",
         *calibration_table(sim["calibration_profile_only"]),
         "",
-        "## Under load: rules the runtime could adopt (simulated)",
+        "## Under load: the runtime's rule and others (simulated)",
         "",
         "Poisson arrivals (24 per rate, the benchmark's seed) at multiples of plain-concurrent's "
         "single-query rate, on this machine's recorded traces. The variants keep teola-full's graphs "
-        "and change one rule: first-come-first-served engine queues instead of the topology rule, or an "
-        "admission cap (later arrivals wait in arrival order, so the shared cores finish queries one by "
-        "one instead of slowing all of them).",
+        "and change one rule: first-come-first-served engine queues instead of the topology rule (least "
+        "laxity first: `runtime/policies.py`), the rule it replaced (longest remaining path first, then "
+        "the older query), or an admission cap (later arrivals wait in arrival order, so the shared cores "
+        "finish queries one by one instead of slowing all of them).",
         "",
         *table(sim["load_what_if"]),
         "",
@@ -174,13 +178,12 @@ def render(sim: dict[str, Any]) -> str:
         "",
         *best_rules(sim["load_what_if"]),
         "",
-        "An admission cap helps where a query's parallel LLM calls would otherwise share the cores "
-        "with other queries' work (summarize) and hurts where one query cannot use the whole machine "
-        "(search, LangChain RAG); with every engine on the same two cores, the queries' total work "
-        "sets the tail more than their order. Where the simulated topology rule trails FIFO "
-        "(doc_qa_naive: a query's short embedding waits behind newer queries' uploads), the measured "
-        "runs did not show it (teola-full's Poisson rows are its largest calibration errors), so the "
-        "model of that rule is what to check first, before building any of these rules.",
+        "The old rule starved: an older query's short question embedding waited behind the uploads of "
+        "every query that arrived after it (doc_qa_naive), which the measured runs showed too "
+        "(docs/scheduling.md). An admission cap helps where a query's parallel LLM calls would otherwise "
+        "share the cores with other queries' work (summarize) and hurts where one query cannot use the "
+        "whole machine (search, LangChain RAG); with every engine on the same two cores, the queries' "
+        "total work sets the tail more than their order.",
         "",
         "## Predictions for GPU deployments",
         "",

@@ -8,15 +8,17 @@ What is modelled, and how the runtime does it:
   expanded at run time first does its own work, then runs the graph it expanded into, and
   is done when that graph is. Then the next top-level graph of the query runs.
 * **Engine schedulers** (one per engine): requests queue by the runtime's priority rule
-  (``BatchPolicy.key``: longest remaining critical path first, then the older query) and
+  (``BatchPolicy.key``: each request's latest start, by its query's arrival and
+  critical path and its own remaining path) and
   leave as batches cut by the engine's ``BatchPolicy`` (same op, request and item caps,
   ``max_concurrent`` batches at once). Without ``batching`` every request is its own call
   and calls run side by side (threads calling an in-process model).
 * **The LLM engine** batches continuously, as vLLM does: prefills leave in batches, and
   the sequences being decoded share decode steps (``n`` in flight each slowed by
   ``Durations.decode_slowdown(n)``). A prefill goes into the engine's next step, so the
-  decodes wait while it runs (the step takes the prefill's time), rather than sharing
-  the hardware with it.
+  decodes wait while it computes (the step takes the prefill's time by the profile),
+  rather than sharing the hardware with it; the rest of a prefill's recorded time (its
+  way into the engine and back) delays only its own requests.
 * **Shared hardware**: everything running on one compute group (engine batches, the LLM's
   prefill and its decode steps, framework steps) shares it equally (processor sharing):
   ``k`` activities on a group each progress at ``1/k`` of their speed alone. Engines of
@@ -236,8 +238,11 @@ class EngineSim:
             batch = self._cut()
             self.running += 1
             self.batch_sizes.append(len(batch))
-            self.sim.start(self.group, Activity(self.sim.durations.batch([r.node for r in batch]),
-                                                lambda b=batch: self._done(b)))
+            self._run(batch)
+
+    def _run(self, batch: list[Request]) -> None:
+        self.sim.start(self.group, Activity(self.sim.durations.batch([r.node for r in batch]),
+                                            lambda: self._done(batch)))
 
     def _cut(self) -> list[Request]:
         """The next batch: the first request, then the next ones of the same op it admits."""
@@ -280,8 +285,31 @@ class LLMEngineSim(EngineSim):
 
     def dispatch(self) -> None:
         super().dispatch()
+        self._hold_decodes()
+
+    def _hold_decodes(self) -> None:
         if self.decodes is not None:  # vLLM runs a prefill's step before the decodes' next ones
             self.decodes.waiting = self.running > 0
+
+    def _run(self, batch: list[Request]) -> None:
+        """A prefill batch holds the engine (and its decodes) for its compute, as the profile
+        measured it: vLLM's step that runs a prefill also advances the decodes, so they lose
+        that step's time, not the prefill's whole recorded time. The rest of it (the request's
+        way into the engine and back, its first token's) delays only its own requests."""
+        nodes = [r.node for r in batch]
+        total = self.sim.durations.batch(nodes)
+        compute = min(total, self.sim.durations.compute(nodes))
+
+        def computed() -> None:
+            self.running -= 1
+            self._hold_decodes()
+            self.sim.at(self.sim.now + (total - compute), lambda: self._finish(batch))
+            self.dispatch()
+        self.sim.start(self.group, Activity(compute, computed))
+
+    def _finish(self, batch: list[Request]) -> None:
+        for r in batch:
+            r.on_done()
 
 
 class QueryRun:
@@ -306,7 +334,8 @@ class QueryRun:
 class GraphRun:
     """One graph of a query: dispatches each node once the nodes it waits for are done."""
 
-    def __init__(self, query: QueryRun, graph: GraphTrace, on_done: Callable[[], None]) -> None:
+    def __init__(self, query: QueryRun, graph: GraphTrace, on_done: Callable[[], None], after_s: float = 0.0,
+                 critical_path_s: float | None = None) -> None:
         self.query, self.graph, self.on_done = query, graph, on_done
         self.sim = query.sim
         self.nodes = {n.name: n for n in graph.nodes}
@@ -315,7 +344,11 @@ class GraphRun:
         for name, preds in self.waiting.items():
             for p in preds:
                 self.users[p].append(name)
-        self.remaining_s = self._remaining_paths()
+        # as the runtime's GraphRun: a graph expanded at run time counts the work after its
+        # node and keeps its query's critical path (the priority's latest starts)
+        self.remaining_s = {name: s + after_s for name, s in self._remaining_paths().items()}
+        self.critical_path_s = (critical_path_s if critical_path_s is not None
+                                else max(self.remaining_s.values(), default=after_s))
         self.left = len(self.nodes)
         self.ready: list[str] = []  # sequential systems: ready nodes not started yet, in trace order
         self.active = 0
@@ -351,12 +384,16 @@ class GraphRun:
         if node.kind == CPU_KIND:
             self.sim.start(node.group, Activity(self.sim.durations.alone(node), done))
             return
-        priority = Priority(self.remaining_s[node.name], self.query.arrival_s, self.query.trace.query)
+        priority = Priority(self.remaining_s[node.name], self.query.arrival_s, self.query.trace.query,
+                            self.critical_path_s)
         self.sim.engine(node).submit(node, priority, done)
 
     def _own_work_done(self, node: NodeTrace) -> None:
         if node.expansion is not None:
-            GraphRun(self.query, node.expansion, lambda: self._finished(node.name)).start()
+            after = max((self.remaining_s[u] for u in self.users[node.name]),
+                        default=self.remaining_s[node.name] - self.sim.durations.alone(node))
+            GraphRun(self.query, node.expansion, lambda: self._finished(node.name), after,
+                     self.critical_path_s).start()
         else:
             self._finished(node.name)
 

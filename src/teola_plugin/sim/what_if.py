@@ -4,7 +4,8 @@ before anyone builds them.
 For each app of a benchmark run, Poisson arrivals (drawn as the benchmark draws them) at
 multiples of plain-concurrent's single-query rate, under plain-concurrent, teola-full and
 variants of teola-full: first-come-first-served engine queues instead of the topology
-rule, and an admission cap (at most ``k`` queries in flight, the rest waiting in arrival
+rule, the rule it replaced (longest remaining path first, then the older query), and an
+admission cap (at most ``k`` queries in flight, the rest waiting in arrival
 order, so a shared CPU finishes queries one by one instead of slowing all of them).
 """
 
@@ -23,6 +24,7 @@ VARIANTS = (
     SYSTEMS["plain-concurrent"],
     SYSTEMS["teola-full"],
     SystemModel("teola, FIFO engine queues", overlap=True, batching=True, priority="fifo"),
+    SystemModel("teola, longest remaining path first", overlap=True, batching=True, priority="remaining_path"),
     SystemModel("teola, 1 query in flight", overlap=True, batching=True, max_queries=1),
     SystemModel("teola, 2 queries in flight", overlap=True, batching=True, max_queries=2),
 )
