@@ -77,6 +77,20 @@ def test_a_prefill_runs_in_the_llm_engines_next_step_and_the_decodes_wait_for_it
     assert [round(r.finish_s, 6) for r in results] == [1.5, 0.7]  # the prefill at full speed, the decode paused
 
 
+def test_a_prefill_holds_the_decodes_only_for_the_stall_the_profile_measured():
+    """The rest of a prefill's recorded time (its way into the engine and back) delays only its
+    own query."""
+    stalls = CostModel({**PROFILE.to_dict()["profiles"],
+                        "llm": {**PROFILE.to_dict()["profiles"]["llm"],
+                                "llm_prefill_stall": {"batch": [10, 20], "latency_s": [0.2, 0.4]}}})
+    llm = dict(engine="llm", kind="llm", group="gpu")
+    q1 = query(node("d", op="llm_decode", measured=1.0, **llm), name="q1")
+    q2 = query(node("p", op="llm_prefill", items=10, measured=0.5, **llm), name="q2")
+    results = simulate([q1, q2], Durations("measured", stalls), SYSTEMS["teola-full"], [0.0, 0.2])
+    # the decode pauses 0.2 s (0.2-0.4), the prefill answers after its 0.5 s
+    assert [round(r.finish_s, 6) for r in results] == [1.2, 0.7]
+
+
 def test_an_expansion_runs_before_its_node_is_done():
     inner = GraphTrace("inner", (node("b", op="opaque", engine="cpu", kind="cpu", group="g2", measured=2.0),))
     q = query(node("a", op="opaque", engine="cpu", kind="cpu", group="g2", expansion=inner),

@@ -219,6 +219,8 @@ async def bench_search(
 PREFILL_TOKENS = (16, 128, 512, 1024)
 DECODE_TOKENS = (16, 64, 128)
 DECODE_CONCURRENCY = (1, 8, 32)
+STALL_PREFILLS = 2  # prefills run one after another beside a decode, per stall measurement
+STALL_DECODE_TOKENS = 128  # the decode they run beside: long enough to outlast them
 
 
 async def bench_llm(engine=None, repeats: int = 3) -> dict[str, Any]:
@@ -266,8 +268,11 @@ async def bench_llm(engine=None, repeats: int = 3) -> dict[str, Any]:
                 await asyncio.gather(*(engine.generate(prompt(32), params) for _ in range(c)))
 
             concurrent.append(await _median_latency(many, max(1, repeats - 1)))
+        stall = [max(0.0, s) for s in await _prefill_stalls(engine, prompt, repeats)]
         return {
             "llm_prefill": _curve(prefill_tokens, prefill, "prompt tokens of one prefill-only request"),
+            "llm_prefill_stall": _curve(prefill_tokens, stall,
+                                        "prompt tokens of a prefill run beside a decode: the time the decode loses"),
             "llm_partial_prefill": _curve(prefill_tokens, prefill, "prompt tokens of one prefill-only request"),
             "llm_decode": _curve(list(DECODE_TOKENS), per_seq, "generated tokens of one sequence (after its first)"),
             "llm_decode_concurrent": _curve([c * 64 for c in DECODE_CONCURRENCY], concurrent,
@@ -276,6 +281,30 @@ async def bench_llm(engine=None, repeats: int = 3) -> dict[str, Any]:
     finally:
         if owned:
             await engine.close()
+
+
+async def _prefill_stalls(engine, prompt: Callable[[int], str], repeats: int) -> list[float]:
+    """How long a decode under way loses to one prefill of each of ``PREFILL_TOKENS`` run beside
+    it: vLLM puts a prefill into its next step, which takes longer for all its sequences. Less
+    than the prefill's own latency, which also holds the request's way in and out of the
+    engine (the simulator holds an engine's decodes for this, not for the whole prefill)."""
+    params = {"temperature": 0.0, "max_tokens": STALL_DECODE_TOKENS, "ignore_eos": True}
+
+    async def decode_s(prefill_tokens: int | None) -> float:
+        start = time.perf_counter()
+        decode = asyncio.ensure_future(engine.generate(prompt(32), params))
+        if prefill_tokens is not None:
+            await asyncio.sleep(0.3)  # the decode is under way
+            for _ in range(STALL_PREFILLS):
+                await engine.prefill(prompt(prefill_tokens))
+            if decode.done():
+                raise RuntimeError(f"the decode ended before {STALL_PREFILLS} prefills of {prefill_tokens} tokens")
+        await decode
+        return time.perf_counter() - start
+
+    alone = statistics.median([await decode_s(None) for _ in range(repeats)])
+    return [(statistics.median([await decode_s(n) for _ in range(repeats)]) - alone) / STALL_PREFILLS
+            for n in PREFILL_TOKENS]
 
 
 def machine_meta(repeats: int) -> dict[str, Any]:

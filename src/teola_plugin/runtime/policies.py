@@ -14,9 +14,7 @@ newer query's work goes before an older query's only while the older request sti
 slack to give, so nothing starves: a request yields only to work whose own latest start
 is earlier. (The rule used to be ``(-remaining_s, query_arrival_s)``: under load a newer
 query's 100-passage upload ran before an older query's one-text question embedding, however
-old, so that query waited for every upload that arrived after it. Simulated on the
-benchmark's recorded doc-QA traces, ordering by due time (EDF) instead came out the same as
-first come, first served, and least laxity 5-12% better in mean and p99 at 1-3x load.)
+old, so that query waited for every upload that arrived after it: docs/scheduling.md.)
 
 ``fifo`` (arrival order only) is the ablation baseline; ``remaining_path`` the old rule.
 """

@@ -29,6 +29,7 @@ from .trace import NodeTrace, QueryTrace
 
 MODES = ("measured", "profile")
 DECODE = "llm_decode"
+PREFILL_STALL = "llm_prefill_stall"
 CONCURRENT_DECODE = "llm_decode_concurrent"
 CONCURRENT_SEQ_TOKENS = 64  # what bench_engines' llm_decode_concurrent curve holds per sequence
 
@@ -84,10 +85,15 @@ class Durations:
         gain = together / apart if apart > 0 else 1.0
         return sum(self.alone(n) for n in nodes) * min(1.0, gain)
 
-    def compute(self, nodes: Sequence[NodeTrace]) -> float:
-        """Seconds the engine is busy with one call serving ``nodes``: the profile's time for
-        their work items (a recorded time also holds the call's way to the engine and back)."""
-        return self._profiled(self.target, nodes[0], sum(n.items for n in nodes))
+    def prefill_stall(self, nodes: Sequence[NodeTrace]) -> float:
+        """Seconds the decodes under way on an LLM engine lose to one prefill batch of
+        ``nodes``: the profile's ``llm_prefill_stall`` for their prompt tokens where measured,
+        else the prefill's whole time by the profile (a recorded prefill's time also holds the
+        request's way to the engine and back)."""
+        first, tokens = nodes[0], sum(n.items for n in nodes)
+        if self.target.profiled(first.engine, PREFILL_STALL, first.kind):
+            return self.target.latency(first.engine, PREFILL_STALL, tokens, first.kind)
+        return self._profiled(self.target, first, tokens)
 
     def decode_slowdown(self, node: NodeTrace, sequences: int) -> float:
         """How much longer a decode step of ``node``'s engine takes with ``sequences`` in

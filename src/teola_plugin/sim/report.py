@@ -150,13 +150,14 @@ def render(sim: dict[str, Any]) -> str:
         "under-records some decodes: vLLM keeps generating a stream its prefill opened while the run "
         "times the query's other primitives (summarize's leaf decodes are recorded at 0.0-0.1 s for 24-32 "
         f"tokens), so a decode costs at least its tokens after the first at the recorded step "
-        f"({_ms(sim.get('recorded_decode_step_s'))} per token: the median of the decodes timed whole; the "
-        "profile's 44 ms would overstate it). A prefill holds the LLM's decodes for its compute by the "
-        "profile, not for its whole recorded time, which also holds the request's way into the engine "
-        "and back (search_gen's 192-token prefills: 0.35-0.46 s recorded, 0.16 s by the profile). Under "
-        "Poisson load the model's sharing of the two cores is "
-        "coarsest: equal shares for whatever runs, where the OS, vLLM's bound threads and the engines' own "
-        "thread pools are not equal.",
+        f"({_ms(sim.get('recorded_decode_step_s'))} per token: the median of the decodes timed whole, "
+        "in the same run as the measurements). A prefill holds the LLM's decodes for what the profile measured a "
+        "prefill costing a decode beside it (`llm_prefill_stall`), not for its whole recorded time, which "
+        "also holds the request's way into the engine and back (search_gen's 192-token prefills: "
+        "0.2-0.34 s recorded; a decode beside one loses about 12 ms). Under Poisson load the model's "
+        "sharing of the two cores is coarsest: equal shares for whatever runs, where the OS, vLLM's bound "
+        "threads and the embedder's thread pool are not equal, and the load rows come out low: two thread "
+        "pools on two cores cost each other more than an equal share.",
         "",
         "With costs from the profile file alone (each primitive's work items as the lowering estimates "
         "them, a decode's as its recorded tokens; no recorded times), the errors are:",

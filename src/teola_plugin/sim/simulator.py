@@ -16,9 +16,9 @@ What is modelled, and how the runtime does it:
 * **The LLM engine** batches continuously, as vLLM does: prefills leave in batches, and
   the sequences being decoded share decode steps (``n`` in flight each slowed by
   ``Durations.decode_slowdown(n)``). A prefill goes into the engine's next step, so the
-  decodes wait while it computes (the step takes the prefill's time by the profile),
-  rather than sharing the hardware with it; the rest of a prefill's recorded time (its
-  way into the engine and back) delays only its own requests.
+  decodes wait while it computes (the step takes what the profile measured a prefill
+  stalling a decode beside it), rather than sharing the hardware with it; the rest of a
+  prefill's recorded time (its way into the engine and back) delays only its own requests.
 * **Shared hardware**: everything running on one compute group (engine batches, the LLM's
   prefill and its decode steps, framework steps) shares it equally (processor sharing):
   ``k`` activities on a group each progress at ``1/k`` of their speed alone. Engines of
@@ -292,13 +292,14 @@ class LLMEngineSim(EngineSim):
             self.decodes.waiting = self.running > 0
 
     def _run(self, batch: list[Request]) -> None:
-        """A prefill batch holds the engine (and its decodes) for its compute, as the profile
-        measured it: vLLM's step that runs a prefill also advances the decodes, so they lose
-        that step's time, not the prefill's whole recorded time. The rest of it (the request's
-        way into the engine and back, its first token's) delays only its own requests."""
+        """A prefill batch holds the engine (and its decodes) for as long as the profile
+        measured a prefill stalling a decode beside it: vLLM's step that runs a prefill also
+        advances the decodes, so they lose that step's extra time, not the prefill's whole
+        recorded time. The rest of it (the request's way into the engine and back, its first
+        token's) delays only its own requests."""
         nodes = [r.node for r in batch]
         total = self.sim.durations.batch(nodes)
-        compute = min(total, self.sim.durations.compute(nodes))
+        compute = min(total, self.sim.durations.prefill_stall(nodes))
 
         def computed() -> None:
             self.running -= 1
