@@ -181,10 +181,10 @@ def render(sim: dict[str, Any]) -> str:
         "",
         "The old rule starved: an older query's short question embedding waited behind the uploads of "
         "every query that arrived after it (doc_qa_naive), which the measured runs showed too "
-        "(docs/scheduling.md). An admission cap helps where a query's parallel LLM calls would otherwise "
-        "share the cores with other queries' work (summarize) and hurts where one query cannot use the "
-        "whole machine (search, LangChain RAG); with every engine on the same two cores, the queries' "
-        "total work sets the tail more than their order.",
+        "(docs/scheduling.md). An admission cap of two queries helps doc_qa_naive, whose uploads "
+        "otherwise share the embedder and the cores with every query in flight, and hurts where one "
+        "query cannot use the whole machine (search, summarize, LangChain RAG); with every engine on the "
+        "same two cores, the queries' total work sets the tail more than their order.",
         "",
         "## Predictions for GPU deployments",
         "",
