@@ -151,6 +151,36 @@ def test_a_langgraph_graphs_own_api_is_reachable_through_the_wrapper(runtime):
         fast.no_such_attribute  # noqa: B018
 
 
+def test_a_compiled_graphs_drawing_schemas_and_name_are_its_own(runtime):
+    """What the LangGraph docs call on a compiled graph: ``get_graph(xray=True)`` (a subgraph
+    drawn expanded), the JSON schemas LangGraph builds from its state and output schemas, the
+    name given to ``compile``."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from typing_extensions import TypedDict
+
+    class Out(TypedDict):
+        count: int
+
+    class S(MessagesState):
+        count: int
+
+    inner = StateGraph(S)
+    inner.add_node("inner", lambda state: {"count": state["count"] + 1})
+    inner.add_edge(START, "inner")
+    outer = StateGraph(S, output_schema=Out)
+    outer.add_node("child", inner.compile())
+    outer.add_edge(START, "child")
+    outer.add_edge("child", END)
+    graph = outer.compile(name="MyApp")
+    fast = TeolaRunnable(graph, runtime=runtime)
+    assert fast.get_graph(xray=True).draw_mermaid() == graph.get_graph(xray=True).draw_mermaid()
+    assert "child:inner" in fast.get_graph(xray=True).nodes
+    assert fast.get_input_jsonschema() == graph.get_input_jsonschema()
+    assert fast.get_output_jsonschema() == graph.get_output_jsonschema() and fast.get_output_jsonschema()["title"] == "Out"
+    assert fast.get_config_jsonschema() == graph.get_config_jsonschema()
+    assert fast.name == graph.name == "MyApp" == fast.get_name()
+
+
 def test_a_graph_whose_state_pydantic_cannot_describe_still_explains(runtime):
     import typing
 

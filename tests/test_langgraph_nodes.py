@@ -1,8 +1,8 @@
 """The LCEL chains a LangGraph graph's nodes call run as their own Teola graphs.
 
 A graph is user code: ``TeolaRunnable(graph)`` runs it as LangGraph does (state, reducers,
-conditional edges, ``Send``). What its nodes call that Teola can lower — a node that is itself
-``prompt | ChatOpenAI | parser``, a node function calling ``chain.invoke`` / ``await
+conditional edges, ``Send``). What its nodes call that Teola can lower — a node that is a
+``RunnableParallel`` over ``prompt | ChatOpenAI | parser``, a node function calling ``chain.invoke`` / ``await
 chain.ainvoke`` — runs as that chain's graph run: its request sent by the served engine as a
 lowered call (not relayed), recorded on the runtime's timeline, with plain's request body,
 state, callback run tree, message stream and exception. Against the session's real vLLM server

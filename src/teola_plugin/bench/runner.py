@@ -208,18 +208,23 @@ class Bench:
         """One sweep per rate and system, appended to ``done`` (sweeps already in it are skipped)."""
         out = done if done is not None else []
         for mult in self.config.poisson_rates:
-            rate = mult * capacity_qps
             for system in (PLAIN_CONCURRENT, TEOLA_FULL):
                 if any(r["rate_multiple"] == mult and r["system"] == system.name for r in out):
                     continue
-                self.cold_prefix_cache()
-                log(f"  poisson {app.name} {system.name} at {rate:.3f} q/s ({mult}x)")
-                res = asyncio.run(self._poisson(app, queries, system, rate, self.config.poisson_queries,
-                                                self.config.seed, slo_s))
-                res["rate_multiple"] = mult
-                out.append(res)
+                out.append(self.poisson_sweep(app, queries, system, mult, capacity_qps, slo_s))
                 self._save()
         return out
+
+    def poisson_sweep(self, app: BenchApp, queries: list[Query], system: System, rate_multiple: float,
+                      capacity_qps: float, slo_s: float) -> dict[str, Any]:
+        """One sweep: the config's Poisson arrivals at ``rate_multiple`` x ``capacity_qps``."""
+        rate = rate_multiple * capacity_qps
+        self.cold_prefix_cache()
+        log(f"  poisson {app.name} {system.name} at {rate:.3f} q/s ({rate_multiple}x)")
+        res = asyncio.run(self._poisson(app, queries, system, rate, self.config.poisson_queries,
+                                        self.config.seed, slo_s))
+        res["rate_multiple"] = rate_multiple
+        return res
 
     def _save(self) -> None:
         if self.checkpoint is not None:

@@ -1,8 +1,8 @@
 """LCEL chains called by code Teola runs as it is run as their own graphs: a LangGraph node's chain.
 
 A LangGraph graph, an agent or a function step is user code, which ``TeolaRunnable`` runs as
-it is. The LCEL chains that code calls are what Teola can lower: a node that is itself
-``prompt | llm | parser``, a node function calling ``chain.invoke(...)`` or
+it is. The LCEL chains that code calls are what Teola can lower: a node that is a
+``RunnableParallel``, a node function calling ``chain.invoke(...)`` or
 ``await chain.ainvoke(...)``, an opaque step's function doing the same. Within such a run
 (the served-call scope's ``lowers``: a :class:`Lowering`), ``RunnableSequence`` and
 ``RunnableParallel`` ``invoke`` / ``ainvoke`` run the chain as ``TeolaRunnable(chain)`` would —
@@ -11,6 +11,9 @@ scheduled with every other query's (a ``Send`` fan-out's branches batch on the e
 the same output, exceptions and callback runs (the call's config, else the node's ambient one,
 as plain's ``invoke`` takes it).
 
+A node that is itself ``prompt | llm | parser`` is not a call: LangGraph flattens a
+``RunnableSequence`` node into its own step sequence (``RunnableSeq``) with the node's state
+writers, so its steps run one by one as LangGraph runs them (the model's request routed).
 Its own ``invoke`` runs: a chain that puts nothing on an engine or cannot be traced, a call
 with call-time keyword arguments, the chain the scope's owner itself runs as it is, and every
 call outside a Teola run. ``stream`` / ``batch`` of a called chain run as they are (their
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
     from .runnable import TeolaRunnable
 
 # Said under a run's opaque components by ``explain()``.
-EXPLAIN_CALLED = ("  (the LCEL chains they call — a node that is a chain, a node function's chain.invoke / "
+EXPLAIN_CALLED = ("  (the LCEL chains they call — a RunnableParallel node, a node function's chain.invoke / "
                   "ainvoke — run as their own optimized graphs when they put work on an engine)")
 
 

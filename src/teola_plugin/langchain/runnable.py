@@ -86,6 +86,8 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
             raise ConfigError(f"runtime must be a teola_plugin Runtime or None, got {type(runtime).__name__}")
         check_timeout(kwargs.get("timeout_s"))
         check_cost_model(kwargs.get("cost_model"))
+        if isinstance(getattr(chain, "name", None), str):
+            kwargs.setdefault("name", chain.name)  # a compiled graph's name=..., as plain's
         super().__init__(chain=chain, runtime=runtime, passes=None if passes is None else list(passes),
                          disabled=list(disabled), **kwargs)
 
@@ -144,9 +146,12 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         """What the optimizer changed and which components stay opaque, and why."""
         return self._plan_for_inspection(input).explain()
 
-    def get_graph(self, config: RunnableConfig | None = None) -> Graph:
+    def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Graph:
         """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.); a
-        chain that runs as it is (a LangGraph graph) draws its own graph, as plain."""
+        chain that runs as it is (a LangGraph graph) draws its own graph, as plain, and so
+        does a call with the chain's own options (LangGraph's ``xray``)."""
+        if kwargs:
+            return self.chain.get_graph(config, **kwargs)
         plan = self._plan_for_inspection(None)
         if not plan.uses_engines and self.timeout_s is None:
             return self.chain.get_graph(config)
@@ -166,6 +171,19 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
 
     def get_output_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
         return self.chain.get_output_schema(config)
+
+    # a LangGraph graph builds these from its state schemas, not from the pydantic models above
+    def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        return self.chain.get_input_jsonschema(config)
+
+    def get_output_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        return self.chain.get_output_jsonschema(config)
+
+    def get_config_schema(self, *, include: Sequence[str] | None = None) -> type[BaseModel]:
+        return self.chain.get_config_schema(include=include)
+
+    def get_config_jsonschema(self, *, include: Sequence[str] | None = None) -> dict[str, Any]:
+        return self.chain.get_config_jsonschema(include=include)
 
     def __getattr__(self, name: str) -> Any:
         """What the wrapped object has beyond a Runnable's (a LangGraph graph's ``get_state``,
