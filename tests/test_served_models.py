@@ -1098,6 +1098,56 @@ def test_lowered_calls_fire_the_llms_own_events(mode, recording_proxy, squad_ind
     assert plain_fusion[3] == ["LLMCompletionEndEvent", "LLMCompletionStartEvent"]
 
 
+def test_embeddings_teola_computes_fire_the_embedding_models_own_events(recording_proxy, runtime):
+    """TokenCountingHandler counts the embedding tokens plain counts, and the dispatcher sees
+    plain's EmbeddingStart / End events, for the texts Teola's embedder engine embeds: a
+    deferred ingestion's nodes (reported when the next query stores them), the nodes an eager
+    executor embeds as they are added, and the query's own string. Both counted nothing."""
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.llama_index import TeolaExecutor
+
+    class Names(BaseEventHandler):
+        names: list = []
+
+        def handle(self, event, **kwargs) -> None:
+            if event.class_name().startswith("Embedding"):
+                self.names.append(event.class_name())
+
+    docs = [Document(text=p.text, id_=p.id) for p in datasets.load_corpus("squad-xquad-en")[:12]]
+    counter, names, before = TokenCountingHandler(), Names(), Settings.callback_manager
+    Settings.callback_manager = CallbackManager([counter])  # as the docs set it up, before the app
+    root = get_dispatcher()
+    root.add_event_handler(names)
+    recording_proxy.replay = True
+    seen = {}
+    try:
+        llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048)
+        for name, executor in (("plain", None), ("deferred", TeolaExecutor(runtime=runtime)),
+                               ("eager", TeolaExecutor(runtime=runtime, defer_ingestion=False))):
+            Settings.executor = executor
+            counter.reset_counts()
+            names.names.clear()
+            embed_model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
+            index = VectorStoreIndex.from_documents(docs, embed_model=embed_model)
+            built = (counter.total_embedding_token_count, len(counter.embedding_token_counts))
+            answer = index.as_query_engine(llm=llm, similarity_top_k=2).query(QUESTIONS[0])
+            seen[name] = (built, counter.total_embedding_token_count, len(counter.embedding_token_counts),
+                          sorted(names.names), str(answer))
+    finally:
+        root.event_handlers.remove(names)
+        Settings.callback_manager = before
+        Settings.executor = None
+    plain = seen["plain"]
+    # 12 nodes in two calls of embed_batch_size 10, then the query string in one
+    assert plain[1] > 0 and plain[2] == 13 and plain[3] == ["EmbeddingEndEvent"] * 3 + ["EmbeddingStartEvent"] * 3
+    assert seen["eager"] == plain
+    assert seen["deferred"][1:] == plain[1:] and seen["deferred"][0] == (0, 0)  # the nodes are stored later
+
+
 @pytest.mark.parametrize("index_type", ["SummaryIndex", "SimpleKeywordTableIndex"])
 def test_model_free_index_retrievers_are_lowered(index_type, recording_proxy, executor):
     """A summary index's retriever (every node) and a simple keyword table's (regex keywords

@@ -103,6 +103,7 @@ def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> R
     origin = type(retriever).__name__
     embed = tr.add(Op.EMBED, inputs={"texts": items}, engine=engine_name, attrs={"est_items": n, **attrs},
                    origin=origin)
+    tr.embedding_events(retriever._embed_model, attrs, items, embed.out(), origin)
     index, engine = store_index(tr, retriever)
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": embed.out()}, engine=engine,
                     attrs={"top_k": retriever.similarity_top_k, "est_items": n}, origin=origin)

@@ -66,6 +66,7 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     cannot be joined (those are then flushed before the graph runs)."""
     from llama_index.core.schema import MetadataMode
 
+    from .llama_index_embed_events import EmbedEvents, insert_batches
     from .llama_index_models import embedder_engine_for
 
     ingestion_note(tr, retriever)
@@ -109,6 +110,10 @@ def join_pending(tr: Any, retriever: Any, index: Ref, engine_name: str) -> Ref:
     # Added without the tracer's module-order edge: the query's own embedding does not wait.
     embed = tr.graph.add(Op.EMBED, name=f"{name}_embed", inputs={"texts": texts}, engine=embedder,
                          attrs={"est_items": len(nodes)}, origin="VectorStoreIndex")
+    events = EmbedEvents.of(owner._embed_model)
+    if events is not None:  # the embedding calls plain made when the nodes were added
+        events.add_step(tr.graph, texts, embed.out("vectors"), "VectorStoreIndex", sizes=insert_batches(
+            (len(b.nodes) for b in batches), owner._insert_batch_size, owner._embed_model.embed_batch_size))
     insert = tr.graph.add(Op.VECTOR_INSERT, name=f"{name}_insert",
                           inputs={"index": index, "vectors": embed.out("vectors"), "docs": docs},
                           engine=engine_name, attrs={"est_items": len(nodes)}, origin="VectorStoreIndex")

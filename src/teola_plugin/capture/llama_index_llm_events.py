@@ -38,6 +38,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
+from .llama_index_listening import listened
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,7 @@ class StartedCall:
 
 
 def _listened(llm: Any) -> bool:
-    manager = getattr(llm, "callback_manager", None)
-    if manager is not None and manager.handlers:
-        return True
-    d = llm_callbacks.dispatcher
-    while d is not None:
-        if any(type(h).__name__ != "NullEventHandler" for h in d.event_handlers):
-            return True
-        d = d.parent if d.propagate else None
-    return False
+    return listened(llm, llm_callbacks.dispatcher)
 
 
 class LLMEvents:

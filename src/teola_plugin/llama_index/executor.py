@@ -40,6 +40,7 @@ from ..capture.llama_index_models import embedder_engine_for, llm_call_spec
 from ..capture.llama_index_served import is_served_llm
 from ..capture.lowerable import LowerableLLM
 from ..capture.llama_index_rules import synthesis_planner
+from ..capture.llama_index_embed_events import EmbedEvents, insert_batches
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
@@ -446,13 +447,13 @@ class TeolaExecutor:
         plan = self._embedding_plan(index, nodes)
         if plan is None:
             return None
-        return plan.finish(self.runtime.run_sync(self._embed_texts(plan)))
+        return plan.finish(self.runtime.run_sync(self._embed_texts(plan)), index._embed_model)
 
     async def aembed_index_nodes(self, index: Any, nodes: Sequence[Any]) -> list[Any] | None:
         plan = self._embedding_plan(index, nodes)
         if plan is None:
             return None
-        return plan.finish(await self.runtime.run_async(self._embed_texts(plan)))
+        return plan.finish(await self.runtime.run_async(self._embed_texts(plan)), index._embed_model)
 
     def _embedding_plan(self, index: Any, nodes: Sequence[Any]) -> _NodeEmbeddings | None:
         from ..capture.llama_index_models import embedder_engine_for
@@ -619,9 +620,15 @@ class _NodeEmbeddings:
         self.ids = [n.node_id for n in missing]
         self.texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in missing]
 
-    def finish(self, vectors: list[Any]) -> list[Any]:
+    def finish(self, vectors: list[Any], embed_model: Any) -> list[Any]:
+        """The node copies with their vectors; ``embed_model``'s embedding events reported as
+        its ``get_text_embedding_batch`` reports them (``embed_batch_size`` texts each)."""
         if len(vectors) != len(self.texts):  # never store a node without its vector
             raise RuntimeError(f"embedder returned {len(vectors)} vectors for {len(self.texts)} nodes")
+        events = EmbedEvents.of(embed_model) if self.texts else None
+        if events is not None:
+            events.report(self.texts, vectors, insert_batches([len(self.texts)], len(self.texts),
+                                                              embed_model.embed_batch_size))
         id_to_embedding = dict(self.known)
         id_to_embedding.update(zip(self.ids, ([float(x) for x in v] for v in vectors)))
         results = []

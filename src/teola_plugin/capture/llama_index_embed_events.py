@@ -1,0 +1,82 @@
+"""LlamaIndex's own embedding events for the texts Teola's embedder engine embeds.
+
+Plain ``BaseEmbedding.get_query_embedding`` (once per query string) and
+``get_text_embedding_batch`` (once per ``embed_batch_size`` texts of each insert batch of
+``VectorStoreIndex._add_nodes_to_index``) report every call: the callback manager's
+``EMBEDDING`` event, whose ``CHUNKS`` ``TokenCountingHandler`` counts as embedding tokens and
+``LlamaDebugHandler`` lists, and the dispatcher's ``EmbeddingStartEvent`` /
+``EmbeddingEndEvent``, which instrumentation handlers (Langfuse, Phoenix) read. Texts the
+embedder engine embeds — a lowered retrieval's query strings, a fusion's generated queries,
+a deferred ingestion's nodes joined into a query or flushed — never run those methods, so
+:class:`EmbedEvents` reports them once their vectors are back, in the batches plain makes
+(a start and its end together: the events' timing is not the engine's). Only when someone
+listens. A served embedding model's own ``get_query_embedding`` runs and reports itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llama_index.core.base.embeddings import base as embeddings_base
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.embedding import EmbeddingEndEvent, EmbeddingStartEvent
+
+from ..ir.graph import PGraph
+from ..ir.node import Ref
+from ..ir.ops import Op
+from .llama_index import framework_call
+from .llama_index_listening import listened
+
+
+@dataclass(frozen=True)
+class EmbedEvents:
+    """The events of ``embed_model``'s embedding calls that Teola ran on its engine."""
+
+    embed_model: Any
+
+    @classmethod
+    def of(cls, embed_model: Any) -> EmbedEvents | None:
+        """None when nobody listens (then nothing is reported, nor added to a graph)."""
+        return cls(embed_model) if listened(embed_model, embeddings_base.dispatcher) else None
+
+    def report(self, texts: Sequence[str], vectors: Sequence[Any], sizes: Iterable[int] | None = None) -> None:
+        """One embedding call per batch of ``sizes`` texts (None: one per text, as queries are)."""
+        model = self.embed_model
+        payload = getattr(model, "to_payload", None)
+        model_dict = payload() if payload is not None else model.to_dict()
+        start = 0
+        for size in sizes if sizes is not None else [1] * len(texts):
+            chunks, embeddings = list(texts[start:start + size]), [list(v) for v in vectors[start:start + size]]
+            start += size
+            embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=model_dict))
+            with model.callback_manager.event(CBEventType.EMBEDDING,
+                                              payload={EventPayload.SERIALIZED: model_dict}) as event:
+                event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
+            embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
+
+    def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,
+                 sizes: Sequence[int] | None = None) -> None:
+        """A side step after the embedding that reports it; with ``query``, only when plain
+        embeds it (a query bundle that brings its own embedding embeds nothing)."""
+        def embedded(texts: Sequence[str], vectors: Sequence[Any], query: Any = None) -> None:
+            if query is None or getattr(query, "embedding", None) is None:
+                self.report(texts, vectors, sizes)
+
+        embedded.__qualname__ = f"embed_events[{type(self.embed_model).__name__}]"
+        inputs = {"texts": texts, "vectors": vectors, **({"query": query} if query is not None else {})}
+        graph.add(Op.OPAQUE, name=graph.unique_name("embed_events"), inputs=inputs, origin=origin,
+                  attrs={"fn": framework_call(embedded), "pure": False})
+
+
+def insert_batches(batch_sizes: Iterable[int], insert_batch_size: int, embed_batch_size: int) -> list[int]:
+    """The embedding calls plain makes for nodes added in calls of ``batch_sizes`` nodes:
+    ``_add_nodes_to_index`` cuts each call's nodes into insert batches, and
+    ``get_text_embedding_batch`` each insert batch into ``embed_batch_size`` texts."""
+    out = []
+    for n in batch_sizes:
+        for first in range(0, n, insert_batch_size):
+            left = min(insert_batch_size, n - first)
+            out += [min(embed_batch_size, left - k) for k in range(0, left, embed_batch_size)]
+    return out
