@@ -10,6 +10,8 @@ comparable; embeddings are compared to 1e-5 since the engine batches texts diffe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.node_parser import SentenceSplitter
@@ -146,7 +148,9 @@ def test_every_read_path_flushes_pending_ingestion(runtime, executor, tmp_path):
                       lambda i: sorted(i.storage_context.vector_store.to_dict()["embedding_dict"]),
                       lambda i: [s.index_id for s in i.storage_context.index_store.index_structs()]
                       and len(i.storage_context.index_store.get_index_struct(i.index_id).nodes_dict))
-    docstore_reads += (lambda i: sorted(i.ref_doc_info),)  # alone: it reads index_struct before the docstore
+    docstore_reads += (lambda i: sorted(i.ref_doc_info),  # alone: it reads index_struct before the docstore
+                       lambda i: sorted(i.index_struct.nodes_dict.values()),  # the struct itself
+                       lambda i: len(json.loads(i.index_struct.to_json())["nodes_dict"]))
     for read in docstore_reads:
         index = build(runtime, 3)
         assert pending(index) and read(index) == read(plain) and read(plain) and not pending(index)

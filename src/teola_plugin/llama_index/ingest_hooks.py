@@ -7,7 +7,7 @@ index is LlamaIndex's in-memory one (``ingestion_policy.py``; ``pending_ingestio
 them); otherwise LlamaIndex's own code stores them before the call returns, with the embedding
 routed to the engine (``hooks.py``). A later insert appends (stored in order). Everything else
 that reads or changes the index or its stores stores the pending nodes first:
-``index.vector_store`` / ``index.docstore`` / ``index.ref_doc_info``, ``delete_nodes`` /
+``index.vector_store`` / ``index.docstore`` / ``index.ref_doc_info`` / ``index.index_struct``, ``delete_nodes`` /
 ``delete_ref_doc`` / ``update_ref_doc`` / ``refresh_ref_docs`` / ``ainsert_nodes`` / ``ainsert``,
 ``StorageContext.persist`` and the in-memory stores' own ``persist``, every read of those
 stores (``storage_context.docstore.docs`` / ``get_document`` / ``document_exists``, the index
@@ -15,8 +15,8 @@ store's structs, the vector store's ``get`` / ``query`` / ``to_dict``: through t
 stores under them; ``BM25Retriever.from_defaults(docstore=...)`` reads so), and every query /
 retrieve not run through the executor (``hooks``). ``as_retriever`` does not flush (the next
 query joins the nodes into its graph) but gives the retriever the node ids plain LlamaIndex
-would (pending ones included). Not covered: reading a store's ``data`` attribute or
-``index.index_struct`` directly. ``show_progress`` (LlamaIndex's embedding bar) is kept with
+would (pending ones included). ``index.index_struct`` flushes too (its ``nodes_dict``, its
+JSON). Not covered: reading a store's ``data`` attribute directly. ``show_progress`` (LlamaIndex's embedding bar) is kept with
 the recorded nodes and honoured where Teola embeds them (``capture/llama_index_progress.py``).
 """
 
@@ -222,6 +222,7 @@ _HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
     (VectorStoreIndex, "vector_store", _flush_property),
     (BaseIndex, "docstore", _flush_property),
     (VectorStoreIndex, "ref_doc_info", _flush_property),  # it reads index_struct before the docstore
+    (BaseIndex, "index_struct", _flush_property),  # user code's read (LlamaIndex's own use _index_struct)
     (VectorStoreIndex, "delete_nodes", _flush_first),
     (VectorStoreIndex, "adelete_nodes", _flush_first),
     (VectorStoreIndex, "delete_ref_doc", _flush_first),
