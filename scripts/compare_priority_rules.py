@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     capacity = systems["plain-concurrent"]["capacity_qps"]
     for rule in RULES:
         systems[f"teola-full, {rule}"] = sweep(rule, args, capacity)
-    result = {"command": "python scripts/compare_priority_rules.py " + " ".join(argv or sys.argv[1:]),
+    result = {"command": " ".join(["python scripts/compare_priority_rules.py", *(argv or sys.argv[1:])]),
               "meta": machine_meta(1), "app": args.app, "queries": args.queries, "capacity_qps": capacity,
               "systems": systems, "wall_s": round(time.perf_counter() - started, 1)}
     print(write_results(args.out, "priority_rules", result, page(result)))

@@ -173,3 +173,32 @@ def test_an_unlowered_engine_run_by_the_executor_is_instrumented_once(recorded, 
     assert events == plain[1]  # one start, one end: as plain
     assert spans.count(f"{type(target).__name__}.{kind}") == 1
     assert callbacks == plain[3]
+
+
+@pytest.mark.parametrize("async_", [False, True])
+@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize", "simple_summarize"])
+def test_an_answer_the_executor_computes_opens_plains_get_response_spans_and_events(recorded, mode, async_):
+    """A synthesizer that code running as it is calls (a chat engine, an index build) is
+    answered by the executor inside the spans plain's ``get_response`` opens (a compact
+    refine: two, the inner over the compacted chunks) and a refine's ``GetResponseStart`` /
+    ``End`` events. Plain's own LLM calls (a mock here) add spans and events of their own."""
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.llms import MockLLM
+
+    synth = get_response_synthesizer(llm=MockLLM(max_tokens=4), response_mode=mode)
+    chunks = ["The Louvre is in Paris.", "Big Ben is in London."]
+    if async_:
+        async def answer() -> str:
+            return "answer"
+        plain = record(recorded, lambda: asyncio.run(synth.aget_response("Where?", chunks)))
+        teola = record(recorded, lambda: asyncio.run(instrumentation.aanswered(synth, "Where?", chunks, answer)))
+    else:
+        plain = record(recorded, lambda: synth.get_response("Where?", chunks))
+        teola = record(recorded, lambda: instrumentation.answered(synth, "Where?", chunks, lambda: "answer"))
+    assert teola[0] == "answer"
+    own_spans = lambda names: [n for n in names if n.endswith("get_response")]  # noqa: E731
+    own_events = lambda names: [n for n in names if n.startswith("GetResponse")]  # noqa: E731
+    assert own_spans(teola[2]) == own_spans(plain[2]) and own_spans(plain[2])
+    assert own_events(teola[1]) == own_events(plain[1])
+    assert own_events(plain[1]) == (["GetResponseStartEvent", "GetResponseEndEvent"] if "refine" in mode or
+                                    mode == "compact" else [])

@@ -326,6 +326,8 @@ COMPANION_PAGES = {
     "first_query.md": "First queries: an app's first answer, plain vs Teola (`scripts/bench_first_query.py`)",
     "simulation.md": "Simulated schedules: the simulator's calibration on this machine and its predictions for "
                      "GPU deployments (`teola simulate`)",
+    "priority_rules.md": "The engine schedulers' priority rules side by side under Poisson load "
+                         "(`scripts/compare_priority_rules.py`)",
     "fan_out/page.md": "Apps whose parallel work is the framework's own composition: a LlamaIndex Workflow fan-out "
                        "and a LangGraph Send graph (`teola bench --apps li_workflow lg_multihop ...`)",
     "multi_step/page.md": "LlamaIndex's multi-step patterns: a SubQuestionQueryEngine and a two-turn condense-plus-context "

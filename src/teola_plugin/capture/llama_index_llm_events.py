@@ -5,8 +5,8 @@ A lowered call never runs ``LLM.chat`` / ``complete``, whose decorators
 ``TokenCountingHandler`` counts and ``LlamaDebugHandler`` lists) and the dispatcher's
 ``LLMChatStartEvent`` / ``LLMChatEndEvent`` (``LLMCompletion...`` for a completion model),
 which instrumentation handlers (Langfuse, Phoenix) read, inside ``predict``'s own
-``LLMPredictStartEvent`` / ``LLMPredictEndEvent``. Two CPU steps stand in: ``llm_start``
-beside the prefill (the messages or prompt ``predict`` builds, by the LLM's own
+``LLMPredictStartEvent`` / ``LLMPredictEndEvent`` and its ``TEMPLATING`` callback event. Two
+CPU steps stand in: ``llm_start`` beside the prefill (the messages or prompt ``predict`` builds, by the LLM's own
 ``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the decode (the response with the
 server's reply as ``raw`` and its token counts, so usage-based counters count what plain
 counts). They are added only when someone listens (a callback handler on the LLM's manager,
@@ -89,6 +89,9 @@ class LLMEvents:
         manager = llm.callback_manager
         llm_module.dispatcher.event(LLMPredictStartEvent(template=self.template, template_args=self.prompt_args,
                                                          span_id=span_id))
+        log_template = getattr(llm, "_log_template_data", None)
+        if log_template is not None:  # predict's TEMPLATING callback event
+            log_template(self.template, **self.prompt_args)
         if self.chat:
             sent = llm._get_messages(self.template, **self.prompt_args)
             llm_callbacks.dispatcher.event(LLMChatStartEvent(model_dict=model_dict, messages=sent,

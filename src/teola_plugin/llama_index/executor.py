@@ -25,7 +25,7 @@ import dataclasses
 import queue
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
@@ -533,22 +533,39 @@ class TeolaExecutor:
         """``synthesizer.get_response(query_str, text_chunks)`` computed on Teola's engines:
         the answer text, or a token generator when the synthesizer streams; ``None`` when
         Teola does not lower it (the caller runs its own code)."""
-        answer = self._answer_trace(synthesizer, query_str, text_chunks)
-        if answer is None:
-            return None
-        query_id, started = _new_query_id(), time.monotonic()
-        if synthesizer._streaming:
-            return self._token_stream(answer.graph, query_id, started, async_=False, engines=answer.engines)
-        return self.runtime.run_sync(self._run_answer(answer, query_id))
+        run = self.answerer(synthesizer, query_str, text_chunks)
+        return None if run is None else run()
 
     async def aanswer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+        run = self.aanswerer(synthesizer, query_str, text_chunks)
+        return None if run is None else await run()
+
+    def answerer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Callable[[], Any] | None:
+        """:meth:`answer` in two steps: traced now (``None``: not lowered), run when called
+        (the hook runs it inside the spans plain's ``get_response`` opens)."""
         answer = self._answer_trace(synthesizer, query_str, text_chunks)
         if answer is None:
             return None
-        query_id, started = _new_query_id(), time.monotonic()
-        if synthesizer._streaming:
-            return self._token_stream(answer.graph, query_id, started, async_=True, engines=answer.engines)
-        return await self.runtime.run_async(self._run_answer(answer, query_id))
+
+        def run() -> Any:
+            query_id, started = _new_query_id(), time.monotonic()
+            if synthesizer._streaming:
+                return self._token_stream(answer.graph, query_id, started, async_=False, engines=answer.engines)
+            return self.runtime.run_sync(self._run_answer(answer, query_id))
+        return run
+
+    def aanswerer(self, synthesizer: Any, query_str: str,
+                  text_chunks: Sequence[str]) -> Callable[[], Awaitable[Any]] | None:
+        answer = self._answer_trace(synthesizer, query_str, text_chunks)
+        if answer is None:
+            return None
+
+        async def run() -> Any:
+            query_id, started = _new_query_id(), time.monotonic()
+            if synthesizer._streaming:
+                return self._token_stream(answer.graph, query_id, started, async_=True, engines=answer.engines)
+            return await self.runtime.run_async(self._run_answer(answer, query_id))
+        return run
 
     def _answer_trace(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Trace | None:
         if not text_chunks or not isinstance(query_str, str):  # LlamaIndex's own answer and errors

@@ -40,7 +40,7 @@ from .. import served_calls
 from ..capture.llama_index import in_passthrough
 from ..capture.llama_index_synthesis import LLM_SYNTHESIZERS
 from ..runtime import app_runs
-from . import ingest_hooks, workflow_runs
+from . import ingest_hooks, instrumentation, workflow_runs
 from .executor import TeolaExecutor, running_executor
 from .pending_ingestion import flush_all, pending_states
 
@@ -130,7 +130,9 @@ def _route_answer(cls: type) -> Callable[[Callable[..., Any], Callable[..., Any]
         def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
             executor = None if type(self) is not cls or response_kwargs else active_executor(self)
             answer = None if executor is None else run(executor, self, query_str, text_chunks)
-            return _bound(original, self)(query_str, text_chunks, **response_kwargs) if answer is None else answer
+            if answer is None:
+                return _bound(original, self)(query_str, text_chunks, **response_kwargs)
+            return instrumentation.answered(self, query_str, text_chunks, answer)
 
         setattr(routed, _ORIGINAL, original)
         return routed
@@ -143,10 +145,10 @@ def _route_answer_async(cls: type) -> Callable[[Callable[..., Any], Callable[...
         @functools.wraps(original)
         async def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
             executor = None if type(self) is not cls or response_kwargs else active_executor(self)
-            answer = None if executor is None else await run(executor, self, query_str, text_chunks)
+            answer = None if executor is None else run(executor, self, query_str, text_chunks)
             if answer is None:
                 return await _bound(original, self)(query_str, text_chunks, **response_kwargs)
-            return answer
+            return await instrumentation.aanswered(self, query_str, text_chunks, answer)
 
         setattr(routed, _ORIGINAL, original)
         return routed
@@ -163,8 +165,8 @@ _ROUTES: tuple[tuple[type, str, Callable[..., Callable[..., Any]], Callable[...,
     (BaseRetriever, "aretrieve", _route_async, TeolaExecutor.aretrieve),
     (VectorStoreIndex, "_get_node_with_embedding", _route_embeddings, ingest_hooks.embed_index_nodes),
     (VectorStoreIndex, "_aget_node_with_embedding", _route_embeddings_async, ingest_hooks.aembed_index_nodes),
-    *((cls, "get_response", _route_answer(cls), TeolaExecutor.answer) for cls in LLM_SYNTHESIZERS),
-    *((cls, "aget_response", _route_answer_async(cls), TeolaExecutor.aanswer) for cls in LLM_SYNTHESIZERS),
+    *((cls, "get_response", _route_answer(cls), TeolaExecutor.answerer) for cls in LLM_SYNTHESIZERS),
+    *((cls, "aget_response", _route_answer_async(cls), TeolaExecutor.aanswerer) for cls in LLM_SYNTHESIZERS),
 )
 
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from llama_index.core.base import base_query_engine, base_retriever
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.instrumentation.events.synthesis import GetResponseEndEvent, GetResponseStartEvent
+from llama_index.core.response_synthesizers import refine
 from llama_index.core.schema import QueryBundle
 
 # What the span-wrapped function below runs: set for the duration of one call. A context
@@ -135,3 +137,86 @@ def query_event(engine: Any, bundle: QueryBundle, lowered: bool) -> Iterator[Cal
         return
     with engine.callback_manager.event(CBEventType.QUERY, payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
         yield lambda response: event.on_end(payload={EventPayload.RESPONSE: response})
+
+
+# -- a synthesizer's get_response the executor answers ----------------------------------------
+# Plain ``get_response`` is a span named after the synthesizer's class (a refine's also its
+# ``GetResponseStartEvent`` / ``GetResponseEndEvent`` over the chunks it refines); a compact
+# refine opens two, its own around its parent's over the compacted chunks. The executor's
+# answer runs inside the same.
+_ANSWER: contextvars.ContextVar[Callable[[], Any] | None] = contextvars.ContextVar("teola_answer", default=None)
+
+
+def _take_answer() -> Callable[[], Any]:
+    answer = _ANSWER.get()
+    if answer is None:
+        raise RuntimeError("an instrumented get_response ran outside answered() / aanswered()")
+    _ANSWER.set(None)
+    return answer
+
+
+def _refines(synthesizer: Any) -> bool:
+    from llama_index.core.response_synthesizers import Refine
+
+    return isinstance(synthesizer, Refine)
+
+
+def _compacts(synthesizer: Any) -> bool:
+    from llama_index.core.response_synthesizers import CompactAndRefine
+
+    return isinstance(synthesizer, CompactAndRefine)
+
+
+@refine.dispatcher.span
+def get_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    if not _refines(self):
+        return _take_answer()()
+    refine.dispatcher.event(GetResponseStartEvent(query_str=query_str, text_chunks=list(text_chunks)))
+    result = _take_answer()()
+    refine.dispatcher.event(GetResponseEndEvent())
+    return result
+
+
+@refine.dispatcher.span
+async def aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    if not _refines(self):
+        return await _take_answer()()
+    refine.dispatcher.event(GetResponseStartEvent(query_str=query_str, text_chunks=list(text_chunks)))
+    result = await _take_answer()()
+    refine.dispatcher.event(GetResponseEndEvent())
+    return result
+
+
+def _compact_get_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    return get_response.__get__(self, type(self))(query_str, self._make_compact_text_chunks(query_str, text_chunks))
+
+
+async def _compact_aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    return await aget_response.__get__(self, type(self))(query_str,
+                                                         self._make_compact_text_chunks(query_str, text_chunks))
+
+
+_compact_get_response.__name__, _compact_aget_response.__name__ = "get_response", "aget_response"
+_compact_get_response = refine.dispatcher.span(_compact_get_response)
+_compact_aget_response = refine.dispatcher.span(_compact_aget_response)
+
+
+def answered(synthesizer: Any, query_str: str, text_chunks: Sequence[str], answer: Callable[[], Any]) -> Any:
+    """``answer()`` (the executor's ``synthesizer.get_response(query_str, text_chunks)``)
+    inside the spans and events plain's ``get_response`` opens."""
+    token = _ANSWER.set(answer)
+    try:
+        method = _compact_get_response if _compacts(synthesizer) else get_response
+        return method.__get__(synthesizer, type(synthesizer))(query_str, text_chunks)
+    finally:
+        _ANSWER.reset(token)
+
+
+async def aanswered(synthesizer: Any, query_str: str, text_chunks: Sequence[str],
+                    answer: Callable[[], Awaitable[Any]]) -> Any:
+    token = _ANSWER.set(answer)
+    try:
+        method = _compact_aget_response if _compacts(synthesizer) else aget_response
+        return await method.__get__(synthesizer, type(synthesizer))(query_str, text_chunks)
+    finally:
+        _ANSWER.reset(token)
