@@ -6,10 +6,10 @@ A lowered call never runs ``LLM.chat`` / ``complete``, whose decorators
 ``LLMChatStartEvent`` / ``LLMChatEndEvent`` (``LLMCompletion...`` for a completion model),
 which instrumentation handlers (Langfuse, Phoenix) read, inside ``predict``'s own
 ``LLMPredictStartEvent`` / ``LLMPredictEndEvent`` and its ``TEMPLATING`` callback event. Two
-CPU steps stand in: ``llm_start`` beside the prefill (the messages or prompt ``predict`` builds, by the LLM's own
-``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the decode (the response with the
-server's reply as ``raw`` and its token counts, so usage-based counters count what plain
-counts). They are added only when someone listens (a callback handler on the LLM's manager,
+CPU steps stand in: ``llm_start`` beside the prefill (the messages or prompt ``predict``
+builds, by the LLM's own ``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the
+decode (the response with the server's reply as ``raw`` and its token counts, so usage-based
+counters count what plain counts). They are added only when someone listens (a callback handler on the LLM's manager,
 an event handler on the dispatcher chain). A streamed call ends as ``LLM.stream``'s does: the
 last chunk's response (its delta) and no ``LLMPredictEndEvent``; its per-token
 ``...InProgressEvent``s are not fired.
