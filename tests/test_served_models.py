@@ -1134,16 +1134,20 @@ def test_embeddings_teola_computes_fire_the_embedding_models_own_events(recordin
             embed_model = HuggingFaceEmbedding(model_name=str(default_model_path()), device="cpu")
             index = VectorStoreIndex.from_documents(docs, embed_model=embed_model)
             built = (counter.total_embedding_token_count, len(counter.embedding_token_counts))
-            answer = index.as_query_engine(llm=llm, similarity_top_k=2).query(QUESTIONS[0])
-            seen[name] = (built, counter.total_embedding_token_count, len(counter.embedding_token_counts),
-                          sorted(names.names), str(answer))
+            engine = index.as_query_engine(llm=llm, similarity_top_k=2)
+            answer = engine.query(QUESTIONS[0])
+            queried = (counter.total_embedding_token_count, len(counter.embedding_token_counts))
+            asked = str(asyncio.run(engine.aquery(QUESTIONS[1])))  # the async path: its query string
+            seen[name] = (built, queried, counter.total_embedding_token_count, len(counter.embedding_token_counts),
+                          sorted(names.names), str(answer), asked)
     finally:
         root.event_handlers.remove(names)
         Settings.callback_manager = before
         Settings.executor = None
     plain = seen["plain"]
-    # 12 nodes in two calls of embed_batch_size 10, then the query string in one
-    assert plain[1] > 0 and plain[2] == 13 and plain[3] == ["EmbeddingEndEvent"] * 3 + ["EmbeddingStartEvent"] * 3
+    # 12 nodes in two calls of embed_batch_size 10, then each query's string in one
+    assert plain[1][0] > 0 and plain[1][1] == 13 and plain[2] > plain[1][0] and plain[3] == 14
+    assert plain[4] == ["EmbeddingEndEvent"] * 4 + ["EmbeddingStartEvent"] * 4
     assert seen["eager"] == plain
     assert seen["deferred"][1:] == plain[1:] and seen["deferred"][0] == (0, 0)  # the nodes are stored later
 
