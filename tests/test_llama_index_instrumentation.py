@@ -185,16 +185,21 @@ def test_an_answer_the_executor_computes_opens_plains_get_response_spans_and_eve
     from llama_index.core import get_response_synthesizer
     from llama_index.core.llms import MockLLM
 
+    from teola_plugin.llama_index.executor import PlannedAnswer
+
     synth = get_response_synthesizer(llm=MockLLM(max_tokens=4), response_mode=mode)
     chunks = ["The Louvre is in Paris.", "Big Ben is in London."]
+    refined = synth._make_compact_text_chunks("Where?", chunks) if mode == "compact" else chunks
     if async_:
         async def answer() -> str:
             return "answer"
+        planned = PlannedAnswer(answer, refined)
         plain = record(recorded, lambda: asyncio.run(synth.aget_response("Where?", chunks)))
-        teola = record(recorded, lambda: asyncio.run(instrumentation.aanswered(synth, "Where?", chunks, answer)))
+        teola = record(recorded, lambda: asyncio.run(instrumentation.aanswered(synth, "Where?", chunks, planned)))
     else:
+        planned = PlannedAnswer(lambda: "answer", refined)
         plain = record(recorded, lambda: synth.get_response("Where?", chunks))
-        teola = record(recorded, lambda: instrumentation.answered(synth, "Where?", chunks, lambda: "answer"))
+        teola = record(recorded, lambda: instrumentation.answered(synth, "Where?", chunks, planned))
     assert teola[0] == "answer"
     own_spans = lambda names: [n for n in names if n.endswith("get_response")]  # noqa: E731
     own_events = lambda names: [n for n in names if n.startswith("GetResponse")]  # noqa: E731

@@ -131,9 +131,19 @@ class SynthesisPlanner:
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph)
 
-    def answer_graph(self, query_str: str, texts: list[str], prepare: bool = True) -> PGraph:
+    def refine_chunks(self, query_str: str, texts: list[str]) -> list[str] | None:
+        """The chunks a refine's loop goes over (a compact refine's compacted, as its
+        ``get_response`` compacts them); None for the other synthesizers."""
+        synth = self.synthesizer
+        if isinstance(synth, (SimpleSummarize, TreeSummarize, Accumulate, Generation)):
+            return None
+        return synth._make_compact_text_chunks(query_str, texts) if isinstance(synth, CompactAndRefine) else texts
+
+    def answer_graph(self, query_str: str, texts: list[str], prepare: bool = True,
+                     refine_chunks: list[str] | None = None) -> PGraph:
         """``get_response(query_str, texts)``'s calls: output ``out`` is the answer text it
-        returns; when streaming, the final decode is also output ``stream``."""
+        returns; when streaming, the final decode is also output ``stream``. ``refine_chunks``:
+        :meth:`refine_chunks`' result when the caller has it."""
         synth = self.synthesizer
         graph = PGraph(f"{type(synth).__name__}")
         if isinstance(synth, SimpleSummarize):
@@ -145,7 +155,7 @@ class SynthesisPlanner:
         elif isinstance(synth, Generation):
             answer = self._generation(graph, query_str)
         else:
-            chunks = synth._make_compact_text_chunks(query_str, texts) if isinstance(synth, CompactAndRefine) else texts
+            chunks = refine_chunks if refine_chunks is not None else self.refine_chunks(query_str, texts)
             answer = RefineLoop(self, query_str, chunks).build(graph, None)
         graph.output("out", answer)
         return self.prepare(graph) if prepare else graph

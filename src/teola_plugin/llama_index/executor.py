@@ -533,41 +533,23 @@ class TeolaExecutor:
         """``synthesizer.get_response(query_str, text_chunks)`` computed on Teola's engines:
         the answer text, or a token generator when the synthesizer streams; ``None`` when
         Teola does not lower it (the caller runs its own code)."""
-        run = self.answerer(synthesizer, query_str, text_chunks)
-        return None if run is None else run()
+        planned = self.answerer(synthesizer, query_str, text_chunks)
+        return None if planned is None else planned.run()
 
     async def aanswer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-        run = self.aanswerer(synthesizer, query_str, text_chunks)
-        return None if run is None else await run()
+        planned = self.aanswerer(synthesizer, query_str, text_chunks)
+        return None if planned is None else await planned.run()
 
-    def answerer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Callable[[], Any] | None:
+    def answerer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> PlannedAnswer | None:
         """:meth:`answer` in two steps: traced now (``None``: not lowered), run when called
         (the hook runs it inside the spans plain's ``get_response`` opens)."""
-        answer = self._answer_trace(synthesizer, query_str, text_chunks)
-        if answer is None:
-            return None
+        return self._planned_answer(synthesizer, query_str, text_chunks, async_=False)
 
-        def run() -> Any:
-            query_id, started = _new_query_id(), time.monotonic()
-            if synthesizer._streaming:
-                return self._token_stream(answer.graph, query_id, started, async_=False, engines=answer.engines)
-            return self.runtime.run_sync(self._run_answer(answer, query_id))
-        return run
+    def aanswerer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> PlannedAnswer | None:
+        return self._planned_answer(synthesizer, query_str, text_chunks, async_=True)
 
-    def aanswerer(self, synthesizer: Any, query_str: str,
-                  text_chunks: Sequence[str]) -> Callable[[], Awaitable[Any]] | None:
-        answer = self._answer_trace(synthesizer, query_str, text_chunks)
-        if answer is None:
-            return None
-
-        async def run() -> Any:
-            query_id, started = _new_query_id(), time.monotonic()
-            if synthesizer._streaming:
-                return self._token_stream(answer.graph, query_id, started, async_=True, engines=answer.engines)
-            return await self.runtime.run_async(self._run_answer(answer, query_id))
-        return run
-
-    def _answer_trace(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str]) -> Trace | None:
+    def _planned_answer(self, synthesizer: Any, query_str: str, text_chunks: Sequence[str],
+                        async_: bool) -> PlannedAnswer | None:
         if not text_chunks or not isinstance(query_str, str):  # LlamaIndex's own answer and errors
             return None
         needs = EngineNeeds()
@@ -575,13 +557,40 @@ class TeolaExecutor:
             planner = synthesis_planner(self._trace_context(), synthesizer, needs)
         except NotLowerable:
             return None
-        return Trace(planner.answer_graph(query_str, list(text_chunks)), engines=needs)
+        chunks = planner.refine_chunks(query_str, list(text_chunks))  # compacted once, as plain does
+        answer = Trace(planner.answer_graph(query_str, list(text_chunks), refine_chunks=chunks), engines=needs)
+        if synthesizer._streaming:
+            def stream() -> Any:
+                return self._token_stream(answer.graph, _new_query_id(), time.monotonic(), async_=async_,
+                                          engines=answer.engines)
+
+            if not async_:
+                return PlannedAnswer(stream, chunks)
+
+            async def astream() -> Any:
+                return stream()
+            return PlannedAnswer(astream, chunks)
+        if async_:
+            async def arun() -> Any:
+                return await self.runtime.run_async(self._run_answer(answer, _new_query_id()))
+            return PlannedAnswer(arun, chunks)
+        return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(answer, _new_query_id())), chunks)
 
     async def _run_answer(self, answer: Trace, query_id: str) -> Any:
         self.last_query_id = query_id
         outputs = await self.runtime.execute(answer.graph, {}, query_id=query_id, timeout_s=self.timeout_s,
                                              engines=answer.engines)
         return outputs["out"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedAnswer:
+    """A synthesizer's ``get_response`` traced for Teola's engines: ``run()`` computes it
+    (awaitable for ``aget_response``); ``refine_chunks``: the chunks a refine's loop goes over
+    (a compact refine's compacted), which plain's ``GetResponseStartEvent`` carries."""
+
+    run: Callable[[], Any]
+    refine_chunks: list[str] | None
 
 
 _END = object()

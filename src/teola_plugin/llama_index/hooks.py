@@ -129,10 +129,10 @@ def _route_answer(cls: type) -> Callable[[Callable[..., Any], Callable[..., Any]
         @functools.wraps(original)
         def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
             executor = None if type(self) is not cls or response_kwargs else active_executor(self)
-            answer = None if executor is None else run(executor, self, query_str, text_chunks)
-            if answer is None:
+            planned = None if executor is None else run(executor, self, query_str, text_chunks)
+            if planned is None:
                 return _bound(original, self)(query_str, text_chunks, **response_kwargs)
-            return instrumentation.answered(self, query_str, text_chunks, answer)
+            return instrumentation.answered(self, query_str, text_chunks, planned)
 
         setattr(routed, _ORIGINAL, original)
         return routed
@@ -145,10 +145,10 @@ def _route_answer_async(cls: type) -> Callable[[Callable[..., Any], Callable[...
         @functools.wraps(original)
         async def routed(self: Any, query_str: Any, text_chunks: Any, **response_kwargs: Any) -> Any:
             executor = None if type(self) is not cls or response_kwargs else active_executor(self)
-            answer = None if executor is None else run(executor, self, query_str, text_chunks)
-            if answer is None:
+            planned = None if executor is None else run(executor, self, query_str, text_chunks)
+            if planned is None:
                 return await _bound(original, self)(query_str, text_chunks, **response_kwargs)
-            return await instrumentation.aanswered(self, query_str, text_chunks, answer)
+            return await instrumentation.aanswered(self, query_str, text_chunks, planned)
 
         setattr(routed, _ORIGINAL, original)
         return routed

@@ -143,16 +143,17 @@ def query_event(engine: Any, bundle: QueryBundle, lowered: bool) -> Iterator[Cal
 # Plain ``get_response`` is a span named after the synthesizer's class (a refine's also its
 # ``GetResponseStartEvent`` / ``GetResponseEndEvent`` over the chunks it refines); a compact
 # refine opens two, its own around its parent's over the compacted chunks. The executor's
-# answer runs inside the same.
-_ANSWER: contextvars.ContextVar[Callable[[], Any] | None] = contextvars.ContextVar("teola_answer", default=None)
+# answer (``TeolaExecutor.answerer``: its run and those chunks, compacted once) runs inside
+# the same.
+_ANSWER: contextvars.ContextVar[Any] = contextvars.ContextVar("teola_answer", default=None)
 
 
-def _take_answer() -> Callable[[], Any]:
-    answer = _ANSWER.get()
-    if answer is None:
+def _take_answer() -> Any:
+    planned = _ANSWER.get()
+    if planned is None:
         raise RuntimeError("an instrumented get_response ran outside answered() / aanswered()")
     _ANSWER.set(None)
-    return answer
+    return planned
 
 
 def _refines(synthesizer: Any) -> bool:
@@ -169,31 +170,32 @@ def _compacts(synthesizer: Any) -> bool:
 
 @refine.dispatcher.span
 def get_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    planned = _take_answer()
     if not _refines(self):
-        return _take_answer()()
+        return planned.run()
     refine.dispatcher.event(GetResponseStartEvent(query_str=query_str, text_chunks=list(text_chunks)))
-    result = _take_answer()()
+    result = planned.run()
     refine.dispatcher.event(GetResponseEndEvent())
     return result
 
 
 @refine.dispatcher.span
 async def aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
+    planned = _take_answer()
     if not _refines(self):
-        return await _take_answer()()
+        return await planned.run()
     refine.dispatcher.event(GetResponseStartEvent(query_str=query_str, text_chunks=list(text_chunks)))
-    result = await _take_answer()()
+    result = await planned.run()
     refine.dispatcher.event(GetResponseEndEvent())
     return result
 
 
 def _compact_get_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-    return get_response.__get__(self, type(self))(query_str, self._make_compact_text_chunks(query_str, text_chunks))
+    return get_response.__get__(self, type(self))(query_str, _ANSWER.get().refine_chunks)
 
 
 async def _compact_aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-    return await aget_response.__get__(self, type(self))(query_str,
-                                                         self._make_compact_text_chunks(query_str, text_chunks))
+    return await aget_response.__get__(self, type(self))(query_str, _ANSWER.get().refine_chunks)
 
 
 _compact_get_response.__name__, _compact_aget_response.__name__ = "get_response", "aget_response"
@@ -201,10 +203,10 @@ _compact_get_response = refine.dispatcher.span(_compact_get_response)
 _compact_aget_response = refine.dispatcher.span(_compact_aget_response)
 
 
-def answered(synthesizer: Any, query_str: str, text_chunks: Sequence[str], answer: Callable[[], Any]) -> Any:
-    """``answer()`` (the executor's ``synthesizer.get_response(query_str, text_chunks)``)
-    inside the spans and events plain's ``get_response`` opens."""
-    token = _ANSWER.set(answer)
+def answered(synthesizer: Any, query_str: str, text_chunks: Sequence[str], planned: Any) -> Any:
+    """``planned.run()`` (the executor's ``synthesizer.get_response(query_str, text_chunks)``,
+    a ``PlannedAnswer``) inside the spans and events plain's ``get_response`` opens."""
+    token = _ANSWER.set(planned)
     try:
         method = _compact_get_response if _compacts(synthesizer) else get_response
         return method.__get__(synthesizer, type(synthesizer))(query_str, text_chunks)
@@ -212,9 +214,8 @@ def answered(synthesizer: Any, query_str: str, text_chunks: Sequence[str], answe
         _ANSWER.reset(token)
 
 
-async def aanswered(synthesizer: Any, query_str: str, text_chunks: Sequence[str],
-                    answer: Callable[[], Awaitable[Any]]) -> Any:
-    token = _ANSWER.set(answer)
+async def aanswered(synthesizer: Any, query_str: str, text_chunks: Sequence[str], planned: Any) -> Any:
+    token = _ANSWER.set(planned)
     try:
         method = _compact_aget_response if _compacts(synthesizer) else aget_response
         return await method.__get__(synthesizer, type(synthesizer))(query_str, text_chunks)
