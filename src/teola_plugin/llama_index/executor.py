@@ -680,8 +680,8 @@ def _explain_step_places(workflow: Any) -> str:
     places = ", ".join(f"{name} {n}" for name, n in sorted(paths.items(), key=lambda kv: (-kv[1], kv[0])))
     off = sorted(set(steps) - set(paths))
     return ("  (a call a step makes shares its run's arrival and is ordered by the steps left to the answer, "
-            f"a StopEvent: {places or 'none'}" + (f"; off the answer's path, scheduled last: {', '.join(off)})"
-                                                  if off else ")"))
+            f"a StopEvent: {places or 'none'}"
+            + (f"; off the answer's path, yielding to other runs' critical calls: {', '.join(off)})" if off else ")"))
 
 
 def _is_workflow(target: Any) -> bool:
