@@ -27,7 +27,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
-from .llama_index_listening import listened
+from .llama_index_listening import listened, model_dict
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,14 @@ class EmbedEvents:
     def report(self, texts: Sequence[str], vectors: Sequence[Any], sizes: Iterable[int] | None = None) -> None:
         """One embedding call per batch of ``sizes`` texts (None: one per text, as queries are)."""
         model = self.embed_model
-        payload = getattr(model, "to_payload", None)
-        model_dict = payload() if payload is not None else model.to_dict()
+        described = model_dict(model)
         start = 0
         for size in sizes if sizes is not None else [1] * len(texts):
             chunks, embeddings = list(texts[start:start + size]), [list(v) for v in vectors[start:start + size]]
             start += size
-            embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=model_dict))
+            embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
             with model.callback_manager.event(CBEventType.EMBEDDING,
-                                              payload={EventPayload.SERIALIZED: model_dict}) as event:
+                                              payload={EventPayload.SERIALIZED: described}) as event:
                 event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
             embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
 

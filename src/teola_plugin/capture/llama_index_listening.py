@@ -1,4 +1,5 @@
-"""Whether anyone hears a LlamaIndex component's events: only then does Teola report them."""
+"""Reporting LlamaIndex events for work Teola ran: whether anyone hears a component's events
+(only then are they reported), and how its events describe a model."""
 
 from __future__ import annotations
 
@@ -17,3 +18,10 @@ def listened(component: Any, dispatcher: Any) -> bool:
             return True
         d = d.parent if d.propagate else None
     return False
+
+
+def model_dict(model: Any) -> dict[str, Any]:
+    """The model as LlamaIndex's events carry it (its ``to_payload``, which drops secrets;
+    ``to_dict`` where a version lacks it)."""
+    payload = getattr(model, "to_payload", None)
+    return payload() if payload is not None else model.to_dict()

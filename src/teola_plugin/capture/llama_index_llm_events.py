@@ -38,7 +38,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
-from .llama_index_listening import listened
+from .llama_index_listening import listened, model_dict
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,8 @@ class LLMEvents:
                   inputs={"started": started.out(), "text": decode.out("text"), "response": decode.out("response")},
                   origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
 
-    def _model_dict(self) -> dict[str, Any]:
-        payload = getattr(self.llm, "to_payload", None)
-        return payload() if payload is not None else self.llm.to_dict()
-
     def start(self, prompt: Any = None) -> StartedCall:
-        llm, model_dict, span_id = self.llm, self._model_dict(), active_span_id.get()
+        llm, described, span_id = self.llm, model_dict(self.llm), active_span_id.get()
         manager = llm.callback_manager
         llm_module.dispatcher.event(LLMPredictStartEvent(template=self.template, template_args=self.prompt_args,
                                                          span_id=span_id))
@@ -94,16 +90,16 @@ class LLMEvents:
             log_template(self.template, **self.prompt_args)
         if self.chat:
             sent = llm._get_messages(self.template, **self.prompt_args)
-            llm_callbacks.dispatcher.event(LLMChatStartEvent(model_dict=model_dict, messages=sent,
+            llm_callbacks.dispatcher.event(LLMChatStartEvent(model_dict=described, messages=sent,
                                                              additional_kwargs={}, span_id=span_id))
             event_id = manager.on_event_start(CBEventType.LLM, payload={
-                EventPayload.MESSAGES: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: model_dict})
+                EventPayload.MESSAGES: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: described})
         else:
             sent, kwargs = llm._get_prompt(self.template, **self.prompt_args), {"formatted": True}
-            llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=model_dict, prompt=sent,
+            llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=described, prompt=sent,
                                                                    additional_kwargs=kwargs, span_id=span_id))
             event_id = manager.on_event_start(CBEventType.LLM, payload={
-                EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: model_dict})
+                EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: described})
         return StartedCall(event_id, sent, span_id)
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
@@ -150,11 +146,11 @@ class CompleteEvents(LLMEvents):
         return cls(llm, render) if _listened(llm) else None
 
     def start(self, query: Any = None) -> StartedCall:
-        sent, model_dict, span_id = self.render(query), self._model_dict(), active_span_id.get()
-        llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=model_dict, prompt=sent, additional_kwargs={},
+        sent, described, span_id = self.render(query), model_dict(self.llm), active_span_id.get()
+        llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=described, prompt=sent, additional_kwargs={},
                                                                span_id=span_id))
         event_id = self.llm.callback_manager.on_event_start(CBEventType.LLM, payload={
-            EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: model_dict})
+            EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: described})
         return StartedCall(event_id, sent, span_id)
 
 

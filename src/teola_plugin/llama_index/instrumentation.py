@@ -36,14 +36,19 @@ _RUN: contextvars.ContextVar[Callable[[QueryBundle], Any] | None] = contextvars.
     "teola_instrumented_run", default=None)
 
 
+def _take(var: contextvars.ContextVar[Any], setters: str) -> Any:
+    """What ``var`` holds for the span-wrapped function running now, cleared from the context
+    before it starts: the tasks the run creates copy the context, and a long-lived one must
+    not keep the run (the user's engine, its index) alive. ``setters``: who sets it."""
+    value = var.get()
+    if value is None:
+        raise RuntimeError(f"an instrumented LlamaIndex call ran outside {setters}")
+    var.set(None)
+    return value
+
+
 def _take_run() -> Callable[[QueryBundle], Any]:
-    """The run, cleared from the context before it starts: the tasks the run creates copy the
-    context, and a long-lived one must not keep the run (the user's engine, its index) alive."""
-    run = _RUN.get()
-    if run is None:
-        raise RuntimeError("an instrumented LlamaIndex call ran outside instrumented() / ainstrumented()")
-    _RUN.set(None)
-    return run
+    return _take(_RUN, "instrumented() / ainstrumented()")
 
 
 def _bundle(str_or_query_bundle: Any) -> QueryBundle:
@@ -149,11 +154,7 @@ _ANSWER: contextvars.ContextVar[Any] = contextvars.ContextVar("teola_answer", de
 
 
 def _take_answer() -> Any:
-    planned = _ANSWER.get()
-    if planned is None:
-        raise RuntimeError("an instrumented get_response ran outside answered() / aanswered()")
-    _ANSWER.set(None)
-    return planned
+    return _take(_ANSWER, "answered() / aanswered()")
 
 
 def _refines(synthesizer: Any) -> bool:

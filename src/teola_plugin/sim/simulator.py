@@ -347,6 +347,7 @@ class GraphRun:
                 self.users[p].append(name)
         # as the runtime's GraphRun: a graph expanded at run time counts the work after its
         # node and keeps its query's critical path (the priority's latest starts)
+        self.after_s = after_s
         self.remaining_s = {name: s + after_s for name, s in self._remaining_paths().items()}
         self.critical_path_s = (critical_path_s if critical_path_s is not None
                                 else max(self.remaining_s.values(), default=after_s))
@@ -391,8 +392,7 @@ class GraphRun:
 
     def _own_work_done(self, node: NodeTrace) -> None:
         if node.expansion is not None:
-            after = max((self.remaining_s[u] for u in self.users[node.name]),
-                        default=self.remaining_s[node.name] - self.sim.durations.alone(node))
+            after = max((self.remaining_s[u] for u in self.users[node.name]), default=self.after_s)
             GraphRun(self.query, node.expansion, lambda: self._finished(node.name), after,
                      self.critical_path_s).start()
         else:
