@@ -32,6 +32,8 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+from .llama_index_span_events import QueryEvents, RetrieveEvents, SynthesizeEvents
+from .llama_index_spans import SpanPlan
 from .module_order import ModuleOrder
 from .opaque_warnings import OpaqueWarnings
 from .overrides import overridden
@@ -130,6 +132,8 @@ class TracedApp(Trace):
     ingestions: list[Any] = field(default_factory=list)
     # The target was lowered by a rule (its own ``_query`` / ``_retrieve`` does not run).
     root_lowered: bool = False
+    # Which primitives stand for which of LlamaIndex's own spans (llama_index_spans.py).
+    spans: Any = None
 
     def inputs_for(self, query: Any) -> dict[str, Any]:
         """Graph inputs for one ``QueryBundle``."""
@@ -172,7 +176,8 @@ class LlamaIndexTracer:
         self.graph = PGraph(name)
         self.order = ModuleOrder(self.graph)
         self.query = self.graph.input("query", PortType.VALUE)  # the QueryBundle
-        self.traced = TracedApp(self.graph, None)
+        self.spans = SpanPlan(self.graph)
+        self.traced = TracedApp(self.graph, None, spans=self.spans)
 
     # -- helpers for rules -----------------------------------------------------------------
     def add(self, op: Op, **kwargs: Any) -> Primitive:
@@ -239,7 +244,14 @@ class LlamaIndexTracer:
         return _DECLINED, reason
 
     def lower_query_engine(self, engine: Any, root: bool = False) -> dict[str, Ref]:
-        lowered, reason = self._by_rule(QUERY_ENGINE_RULES, engine, "query engine")
+        # Lowered, its primitives report the spans its own ``query`` (the entry point reports
+        # the outermost one) and ``_query`` open.
+        query_span = self.spans.span(engine, "query", args=lambda v: {"str_or_query_bundle": v(self.query)},
+                                     events=QueryEvents(self.query)) if not root else contextlib.nullcontext()
+        with query_span as outer, self.spans.span(engine, "_query",
+                                                  args=lambda v: {"query_bundle": v(self.query)}) as inner:
+            lowered, reason = self._by_rule(QUERY_ENGINE_RULES, engine, "query engine")
+            _returns(lowered.get("response") if lowered is not _DECLINED else None, outer, inner)
         if lowered is not _DECLINED:
             self.traced.root_lowered |= root
             return lowered
@@ -255,7 +267,15 @@ class LlamaIndexTracer:
         return {"response": response}
 
     def lower_retriever(self, retriever: Any, root: bool = False) -> Ref:
-        lowered, reason = self._by_rule(RETRIEVER_RULES, retriever, "retriever")
+        # Lowered, its primitives report the spans of its ``retrieve`` (with its events; the
+        # entry point reports a root retriever's) and ``_retrieve``.
+        retrieve_span = self.spans.span(retriever, "retrieve", args=lambda v: {"str_or_query_bundle": v(self.query)},
+                                        events=RetrieveEvents(retriever, self.query)) \
+            if not root else contextlib.nullcontext()
+        with retrieve_span as outer, self.spans.span(retriever, "_retrieve",
+                                                     args=lambda v: {"query_bundle": v(self.query)}) as inner:
+            lowered, reason = self._by_rule(RETRIEVER_RULES, retriever, "retriever")
+            _returns(lowered if lowered is not _DECLINED else None, outer, inner)
         if lowered is not _DECLINED:
             return lowered
         from llama_index.core.base.base_retriever import BaseRetriever
@@ -284,7 +304,11 @@ class LlamaIndexTracer:
                            lambda nodes, query: postprocessor.apostprocess_nodes(nodes, query_bundle=query))
 
     def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
-        lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
+        # Lowered, its primitives report its ``synthesize`` span, with its events.
+        with self.spans.span(synthesizer, "synthesize", args=lambda v: {"query": v(self.query), "nodes": v(nodes)},
+                             events=SynthesizeEvents(synthesizer, self.query)) as span:
+            lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
+            _returns(lowered if lowered is not _DECLINED else None, span)
         if lowered is not _DECLINED:
             return lowered
         return self.opaque("synthesize", synthesizer,
@@ -356,6 +380,13 @@ def has_no_vector(query: Any) -> bool:
 
 
 _DECLINED = object()  # a rule's "no lowering" (a rule may itself return None)
+
+
+def _returns(ref: Ref | None, *spans: Any) -> None:
+    """What the spans' methods return: ``ref``'s value (spans not opened are None)."""
+    for span in spans:
+        if span is not None:
+            span.result = ref
 warn_opaque_once = OpaqueWarnings(
     logger, "TeolaExecutor runs %s unchanged as one opaque step (not optimized): %s")
 

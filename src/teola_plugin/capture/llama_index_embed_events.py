@@ -15,6 +15,7 @@ listens. A served embedding model's own ``get_query_embedding`` runs and reports
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
 from .llama_index_listening import listened, model_dict
+from .llama_index_spans import instant_span
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,18 @@ class EmbedEvents:
         for size in sizes if sizes is not None else [1] * len(texts):
             chunks, embeddings = list(texts[start:start + size]), [list(v) for v in vectors[start:start + size]]
             start += size
-            embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
-            with model.callback_manager.event(CBEventType.EMBEDDING,
-                                              payload={EventPayload.SERIALIZED: described}) as event:
-                event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
-            embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
+            # a query string's events in the spans its ``get_query_embedding`` opens (its own, and
+            # the model's ``_get_query_embedding``: what ran on the engine)
+            query = sizes is None
+            with instant_span(model, "get_query_embedding", query=chunks[0]) if query else contextlib.nullcontext():
+                embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
+                with model.callback_manager.event(CBEventType.EMBEDDING,
+                                                  payload={EventPayload.SERIALIZED: described}) as event:
+                    if query:
+                        with instant_span(model, "_get_query_embedding", query=chunks[0]):
+                            pass
+                    event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
+                embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
 
     def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,
                  sizes: Sequence[int] | None = None) -> None:

@@ -30,7 +30,6 @@ from llama_index.core.instrumentation.events.llm import (
     LLMPredictEndEvent,
     LLMPredictStartEvent,
 )
-from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms import callbacks as llm_callbacks
 from llama_index.core.llms import llm as llm_module
 
@@ -39,6 +38,7 @@ from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
 from .llama_index_listening import listened, model_dict
+from .llama_index_spans import span_id_of
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class StartedCall:
 
     event_id: str
     sent: Any  # the messages (chat) or the formatted prompt (completion)
-    span_id: str | None
+    span_id: str | None  # the model call's span (its chat / complete)
+    predict_span_id: str | None  # predict's
 
 
 def _listened(llm: Any) -> bool:
@@ -81,10 +82,11 @@ class LLMEvents:
                   origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
 
     def start(self, prompt: Any = None) -> StartedCall:
-        llm, described, span_id = self.llm, model_dict(self.llm), active_span_id.get()
+        llm, described = self.llm, model_dict(self.llm)
+        span_id, predict_span_id = span_id_of("llm"), span_id_of("predict")
         manager = llm.callback_manager
         llm_module.dispatcher.event(LLMPredictStartEvent(template=self.template, template_args=self.prompt_args,
-                                                         span_id=span_id))
+                                                         span_id=predict_span_id))
         log_template = getattr(llm, "_log_template_data", None)
         if log_template is not None:  # predict's TEMPLATING callback event
             log_template(self.template, **self.prompt_args)
@@ -100,7 +102,7 @@ class LLMEvents:
                                                                    additional_kwargs=kwargs, span_id=span_id))
             event_id = manager.on_event_start(CBEventType.LLM, payload={
                 EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: described})
-        return StartedCall(event_id, sent, span_id)
+        return StartedCall(event_id, sent, span_id, predict_span_id)
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
         llm, manager = self.llm, self.llm.callback_manager
@@ -125,7 +127,8 @@ class LLMEvents:
             llm_callbacks.dispatcher.event(LLMCompletionEndEvent(prompt=started.sent, response=reply,
                                                                  span_id=started.span_id))
         if not streamed and self.predicts:  # LLM.stream fires no predict end: its tokens are the caller's to read
-            llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text), span_id=started.span_id))
+            llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text),
+                                                           span_id=started.predict_span_id))
         return text
 
 
@@ -146,12 +149,12 @@ class CompleteEvents(LLMEvents):
         return cls(llm, render) if _listened(llm) else None
 
     def start(self, query: Any = None) -> StartedCall:
-        sent, described, span_id = self.render(query), model_dict(self.llm), active_span_id.get()
+        sent, described, span_id = self.render(query), model_dict(self.llm), span_id_of("llm")
         llm_callbacks.dispatcher.event(LLMCompletionStartEvent(model_dict=described, prompt=sent, additional_kwargs={},
                                                                span_id=span_id))
         event_id = self.llm.callback_manager.on_event_start(CBEventType.LLM, payload={
             EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: described})
-        return StartedCall(event_id, sent, span_id)
+        return StartedCall(event_id, sent, span_id, span_id)
 
 
 def _last_delta(chunk: Any, chat: bool) -> str:

@@ -173,4 +173,4 @@ class Collect:
                                                            additional_source_nodes=source_nodes)
         if not nodes:
             return self.planner(query, nodes)
-        return Expansion(self.planner.build_graph(query, nodes, source_nodes), {})
+        return self.planner.expansion(query, nodes, source_nodes)

@@ -24,9 +24,10 @@ executor then builds the ``StreamingResponse`` itself.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from llama_index.core.base.response.schema import Response
@@ -44,6 +45,8 @@ from ..ir.semantics import CHARS_PER_TOKEN
 from ..ir.expansion import Expansion
 from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
+from .llama_index_span_events import GetResponseEvents
+from .llama_index_spans import SpanPlan, nested_depth, span_in_building
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
 from .prompt_parts import marked_parts
@@ -89,7 +92,7 @@ class SynthesisPlanner:
         """``prefix``: split_prefill's warm-up of :meth:`warm_prompt` is done (its signal)."""
         if not nodes:  # BaseSynthesizer.synthesize answers without calling the LLM
             return Response(self.synthesizer._empty_response)
-        return Expansion(self.build_graph(query, nodes), {})
+        return self.expansion(query, nodes)
 
     def warm_prompt(self) -> dict[str, Any] | None:
         """The template the first calls fill (the QA template; tree_summarize: the summary
@@ -119,9 +122,23 @@ class SynthesisPlanner:
         """The calls for these (non-empty) nodes, as ``synthesize`` makes them. Output ``out``:
         the Response (its sources: ``nodes`` then ``additional_source_nodes``); when
         streaming, the answer text, and the final decode is also output ``stream``."""
+        return self._built(query, nodes, additional_source_nodes)[0]
+
+    def expansion(self, query: QueryBundle, nodes: list[NodeWithScore],
+                  additional_source_nodes: list[NodeWithScore] = ()) -> Expansion:
+        """:meth:`build_graph` as the expansion of a ``synthesize`` step, reporting the spans
+        its ``get_response`` and LLM calls open (``llama_index_spans.py``)."""
+        graph, plan = self._built(query, nodes, additional_source_nodes)
+        return Expansion(graph, {}, observer=plan.observer(graph))
+
+    def _built(self, query: QueryBundle, nodes: list[NodeWithScore],
+               additional_source_nodes: list[NodeWithScore]) -> tuple[PGraph, SpanPlan]:
         synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
-        graph = self.answer_graph(query.query_str, texts, prepare=False)
+        graph = PGraph(f"{type(synth).__name__}")
+        plan = SpanPlan(graph)
+        with plan.building(), self._get_response_spans(query.query_str, texts) as chunks:
+            self._answer(graph, query.query_str, texts, chunks)
         if not self.streaming:
             sources = list(nodes) + list(additional_source_nodes)
             response = graph.add(Op.OPAQUE, name="response", inputs={"text": graph.outputs["out"]},
@@ -129,7 +146,24 @@ class SynthesisPlanner:
                                  attrs={"fn": framework_call(
                                      lambda text: synth._prepare_response_output(text, sources)), "pure": True})
             graph.output("out", response.out())  # the synthesize primitive's one port
-        return self.prepare(graph)
+        return self.prepare(graph), plan
+
+    @contextlib.contextmanager
+    def _get_response_spans(self, query_str: str, texts: list[str]) -> Iterator[list[str] | None]:
+        """The ``get_response`` spans ``synthesize`` opens (a compact refine's own around its
+        parent's over the compacted chunks; a refine's with its events); yields the refine
+        chunks when it computed them."""
+        synth = self.synthesizer
+        chunks = self.refine_chunks(query_str, texts)
+        with contextlib.ExitStack() as stack:
+            if isinstance(synth, CompactAndRefine):
+                stack.enter_context(span_in_building(
+                    synth, "get_response", args=lambda v: {"query_str": query_str, "text_chunks": texts}))
+            events = GetResponseEvents(query_str, chunks) if chunks is not None else None
+            stack.enter_context(span_in_building(
+                synth, "get_response", events=events,
+                args=lambda v: {"query_str": query_str, "text_chunks": chunks if chunks is not None else texts}))
+            yield chunks
 
     def refine_chunks(self, query_str: str, texts: list[str]) -> list[str] | None:
         """The chunks a refine's loop goes over (a compact refine's compacted, as its
@@ -144,8 +178,12 @@ class SynthesisPlanner:
         """``get_response(query_str, texts)``'s calls: output ``out`` is the answer text it
         returns; when streaming, the final decode is also output ``stream``. ``refine_chunks``:
         :meth:`refine_chunks`' result when the caller has it."""
+        graph = PGraph(f"{type(self.synthesizer).__name__}")
+        self._answer(graph, query_str, texts, refine_chunks)
+        return self.prepare(graph) if prepare else graph
+
+    def _answer(self, graph: PGraph, query_str: str, texts: list[str], refine_chunks: list[str] | None) -> None:
         synth = self.synthesizer
-        graph = PGraph(f"{type(synth).__name__}")
         if isinstance(synth, SimpleSummarize):
             answer = self._simple_summarize(graph, query_str, texts)
         elif isinstance(synth, TreeSummarize):
@@ -158,11 +196,10 @@ class SynthesisPlanner:
             chunks = refine_chunks if refine_chunks is not None else self.refine_chunks(query_str, texts)
             answer = RefineLoop(self, query_str, chunks).build(graph, None)
         graph.output("out", answer)
-        return self.prepare(graph) if prepare else graph
 
     def llm_call(self, graph: PGraph, template: Any, prompt_args: dict[str, Any], origin: str,
-                 streamed: bool = False) -> Ref:
-        return llm_call(graph, self.llm, self.spec, template, prompt_args, origin, streamed)
+                 streamed: bool = False, program: Any = None) -> Ref:
+        return llm_call(graph, self.llm, self.spec, template, prompt_args, origin, streamed, program)
 
     def _simple_summarize(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
         synth = self.synthesizer
@@ -208,6 +245,7 @@ class TreeLevels:
     def __init__(self, planner: SynthesisPlanner, query_str: str) -> None:
         synth = planner.synthesizer
         self.planner = planner
+        self.query_str = query_str
         self.template = synth._summary_template.partial_format(query_str=query_str)
         self.helper = synth._prompt_helper
         self.origin = type(synth).__name__
@@ -231,9 +269,15 @@ class TreeLevels:
         return level
 
     def expand(self, summaries: list[str]) -> Expansion:
+        """The next level: ``get_response`` recursing on the summaries (its own span)."""
         graph = PGraph(f"{self.origin}_level")
-        graph.output("out", self.build(graph, summaries))
-        return Expansion(self.planner.prepare(graph), {})
+        plan = SpanPlan(graph)
+        synth = self.planner.synthesizer
+        with plan.building(), span_in_building(synth, "get_response",
+                                               args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}):
+            graph.output("out", self.build(graph, summaries))
+        prepared = self.planner.prepare(graph)
+        return Expansion(prepared, {}, observer=plan.observer(prepared))
 
 
 class RefineLoop:
@@ -272,7 +316,9 @@ class RefineLoop:
         if call is None:
             return cpu_step(graph, "answer", lambda: final_answer(response), {}, self.origin)
         # a streaming Refine streams every call (its program's stream_call), the ones it reads itself too
-        text = self.planner.llm_call(graph, *call, self.origin, streamed=self.planner.streaming)
+        # plain's non-streaming loop calls its program (DefaultRefineProgram), which predicts
+        program = None if self.planner.streaming else self.planner.synthesizer._program_factory(call[0])
+        text = self.planner.llm_call(graph, *call, self.origin, streamed=self.planner.streaming, program=program)
         if not self.queue:  # the last call (a later repack cannot add calls: nothing is left)
             if self.planner.streaming:
                 graph.output("stream", text)  # only the final answer streams, as in LlamaIndex
@@ -287,29 +333,50 @@ class RefineLoop:
 
     def expand(self, response: str | None) -> Expansion:
         graph = PGraph(f"{self.origin}_step")
-        graph.output("out", self.build(graph, response))
-        return Expansion(self.planner.prepare(graph), {})
+        plan = SpanPlan(graph)
+        with plan.building():
+            graph.output("out", self.build(graph, response))
+        prepared = self.planner.prepare(graph)
+        return Expansion(prepared, {}, observer=plan.observer(prepared))
 
 
 def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_args: dict[str, Any],
-             origin: str, streamed: bool = False) -> Ref:
+             origin: str, streamed: bool = False, program: Any = None) -> Ref:
     """One ``llm.predict(template, **prompt_args)`` (``streamed``: ``llm.stream``, read to its
-    end) as prompt -> llm_prefill -> llm_decode (-> the output parser); returns the answer
-    text ``predict`` returns."""
-    # a format the LLM's own code renders (its chat template, its request body)
-    prompt = graph.add(Op.FORMAT, name=graph.unique_name("prompt"), origin=origin,
-                       attrs={"render": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args))})
-    size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
-    decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN, always_streamed=streamed)
-    text = decode.out("text")  # the decode's own: a caller may stream its tokens
-    events = LLMEvents.of(llm, template, prompt_args)
-    if events is not None:  # the LLM's own callback / instrumentation events
-        events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
-    if spec.parse_output is None:
-        return text
-    parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
-                      origin=origin, attrs={"fn": framework_call(spec.parse_output), "pure": True})
-    return parse.out()
+    end; ``program``: the refine program whose ``__call__`` predicts) as prompt -> llm_prefill ->
+    llm_decode (-> the output parser); returns the answer text ``predict`` returns. Built inside
+    a span plan (:meth:`SpanPlan.building`), its steps stand for the spans plain opens: the
+    program's, ``predict`` (the prompt, the parser), the model's ``chat`` / ``complete`` (its
+    events; nested once per instrumented override) around the engine call."""
+    chat = bool(llm.metadata.is_chat_model)
+    inner = ("stream_chat" if streamed else "chat") if chat else ("stream_complete" if streamed else "complete")
+    with contextlib.ExitStack() as spans:
+        if program is not None:
+            spans.enter_context(span_in_building(program, "__call__", args=lambda v: dict(prompt_args)))
+        spans.enter_context(span_in_building(llm, "stream" if streamed else "predict", label="predict",
+                                             args=lambda v: {"prompt": template, **prompt_args}))
+        # a format the LLM's own code renders (its chat template, its request body)
+        prompt = graph.add(Op.FORMAT, name=graph.unique_name("prompt"), origin=origin,
+                           attrs={"render": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args))})
+        size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
+        depth = nested_depth(llm, inner)
+        # the outermost model span (the callback decorator's) holds its events; the engine call
+        # sits in the innermost
+        with span_in_building(llm, inner, label="llm"):
+            with contextlib.ExitStack() as overrides:
+                for _ in range(depth - 1):
+                    overrides.enter_context(span_in_building(llm, inner))
+                decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN,
+                                       always_streamed=streamed)
+            text = decode.out("text")  # the decode's own: a caller may stream its tokens
+            events = LLMEvents.of(llm, template, prompt_args)
+            if events is not None:  # the LLM's own callback / instrumentation events
+                events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
+        if spec.parse_output is None:
+            return text
+        parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
+                          origin=origin, attrs={"fn": framework_call(spec.parse_output), "pure": True})
+        return parse.out()
 
 
 def final_answer(response: str | None) -> str:

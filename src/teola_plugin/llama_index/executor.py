@@ -378,7 +378,8 @@ class TeolaExecutor:
                 engines[j.engine].expect(j.join_id, j.claim)
             self.last_query_id = query_id  # the latest started (for a look at its timeline)
             return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
-                                              timeout_s=self.timeout_s)
+                                              timeout_s=self.timeout_s,
+                                              observer=app.spans.observer(graph) if app.spans else None)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
                 engine = self.runtime.local_engines().get(j.engine)

@@ -1,0 +1,300 @@
+"""LlamaIndex's own dispatcher spans around the primitives lowered from the code that opens them.
+
+Plain LlamaIndex nests a query's work in spans (``RetrieverQueryEngine._query`` ->
+``VectorIndexRetriever.retrieve`` -> ``._retrieve``; ``CompactAndRefine.synthesize`` ->
+``.get_response`` -> ``OpenAILike.predict`` -> ``.chat``), with events of their own
+(``RetrievalStartEvent``, ``SynthesizeStartEvent``, the callback manager's ``RETRIEVE`` and
+``SYNTHESIZE``), and every event names the span it fired in. Span handlers (Phoenix,
+Langfuse) build their traces from exactly that. A lowered query never runs those methods, so
+the trace records, while it lowers a component, which primitives stand for which of its
+spans (:class:`SpanPlan`, the ``with plan.span(...)`` blocks of the tracer and the
+synthesis planner), and :class:`SpanRun`, a graph run's observer, opens each span when its
+first primitive is about to run and closes it when its last one is done, in the span
+handlers' and event handlers' view the same tree as plain's. Each primitive runs with the
+innermost of its spans active (``active_span_id``), so events it fires (an LLM call's, an
+embedding's) and spans it opens (the framework code it runs) nest where plain's do; a run
+expanded under it (a refine's next call) inherits them.
+
+Primitives the optimizer adds (a prefix warm-up) belong to no span: they are Teola's own.
+Spans are reported only when someone listens (:func:`observed`); the plan costs nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.span import SpanDropEvent
+from llama_index.core.instrumentation.span import active_span_id
+
+from ..ir.graph import PGraph
+from ..ir.node import INPUT, Primitive, Ref
+
+try:  # where the instrumentation package keeps its tags (absent in older versions)
+    from llama_index_instrumentation.dispatcher import active_instrument_tags
+except ImportError:  # pragma: no cover
+    active_instrument_tags = None
+
+Values = Callable[[Ref], Any]  # a run's value of a graph ref (None until known)
+
+
+@dataclass(eq=False)
+class FrameworkSpan:
+    """One span plain LlamaIndex opens: ``instance.method``, named ``<Class>.<method>-<uuid>``
+    on ``dispatcher``. ``args(values)``: its call's arguments; ``result``: the ref of what the
+    method returns; ``events``: the start / end events it fires (``start(values) -> state``,
+    ``end(state, result, values)``, ``failed(state, exc)``: ``llama_index_span_events.py``); ``label``: how code firing an event of
+    it finds it (:func:`span_id_of`)."""
+
+    instance: Any
+    method: str
+    dispatcher: Any
+    args: Callable[[Values], Mapping[str, Any]] = lambda values: {}
+    parent: FrameworkSpan | None = None
+    events: Any = None
+    result: Ref | None = None
+    label: str = ""
+
+
+@dataclass
+class SpanPlan:
+    """The spans of one graph and which of its primitives stand for each (the innermost)."""
+
+    graph: PGraph
+    members: dict[str, FrameworkSpan] = field(default_factory=dict)
+    _open: list[FrameworkSpan] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def span(self, instance: Any, method: str, **kwargs: Any) -> Iterator[FrameworkSpan | None]:
+        """Primitives added to the graph inside (and not claimed by a span opened inside
+        this one) stand for ``instance.method``'s span; None (and no span) when LlamaIndex
+        does not instrument that method."""
+        dispatcher = dispatcher_of(instance, method)
+        if dispatcher is None:
+            yield None
+            return
+        span = FrameworkSpan(instance, method, dispatcher, parent=self._open[-1] if self._open else None, **kwargs)
+        mark = self.graph.mark()
+        self._open.append(span)
+        try:
+            yield span
+        finally:
+            self._open.pop()
+            for name in self.graph.added_since(mark):
+                self.members.setdefault(name, span)
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[SpanPlan]:
+        """Inside, :func:`span_in_building` opens spans of this plan (a graph built by code
+        that does not hold the plan: an LLM call's helper)."""
+        token = _BUILDING.set(self)
+        try:
+            yield self
+        finally:
+            _BUILDING.reset(token)
+
+    def observer(self, graph: PGraph) -> SpanRun | None:
+        """The observer reporting these spans for a run of ``graph`` (this plan's graph as the
+        optimizer left it); None when it has no span or nobody listens (to the dispatchers,
+        or to the callback events of a span's component)."""
+        if not self.members:
+            return None
+        if not observed() and not any(_has_callbacks(s.instance) for s in set(self.members.values())
+                                      if s.events is not None):
+            return None
+        return SpanRun(self, graph)
+
+
+_BUILDING: contextvars.ContextVar[SpanPlan | None] = contextvars.ContextVar("teola_span_plan", default=None)
+
+
+def span_in_building(instance: Any, method: str, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+    """:meth:`SpanPlan.span` of the plan being built (:meth:`SpanPlan.building`); no span
+    when none is."""
+    plan = _BUILDING.get()
+    return plan.span(instance, method, **kwargs) if plan is not None else contextlib.nullcontext()
+
+
+def nested_depth(instance: Any, method: str) -> int:
+    """How many ``instance.method`` spans plain nests: one per class down its MRO that
+    defines the method instrumented (an override calling ``super()``: ``OpenAILike.chat``)."""
+    depth = 0
+    for cls in type(instance).__mro__:
+        own = cls.__dict__.get(method)
+        if own is None:
+            continue
+        if not getattr(own, "__dispatcher_span_decorated__", False):
+            break
+        depth += 1
+    return depth
+
+
+def dispatcher_of(instance: Any, method: str) -> Any:
+    """The dispatcher of the module defining ``instance``'s ``method`` when LlamaIndex wraps
+    that method in a span (``@dispatcher.span``), else None."""
+    fn = getattr(type(instance), method, None)
+    if fn is None or not getattr(fn, "__dispatcher_span_decorated__", False):
+        return None
+    return get_dispatcher(fn.__module__)
+
+
+def observed() -> bool:
+    """A span handler or an event handler on LlamaIndex's dispatchers (the root, where
+    handlers are attached, and where every module's dispatcher propagates)."""
+    root = get_dispatcher()
+    return any(type(h).__name__ != "NullSpanHandler" for h in root.span_handlers) or \
+        any(type(h).__name__ != "NullEventHandler" for h in root.event_handlers)
+
+
+def _has_callbacks(component: Any) -> bool:
+    manager = getattr(component, "callback_manager", None)
+    return bool(getattr(manager, "handlers", None))
+
+
+@dataclass(eq=False)
+class _Opened:
+    span: FrameworkSpan
+    id_: str
+    bound_args: inspect.BoundArguments
+    parent: _Opened | None
+    state: Any = None
+    closed: bool = False
+
+
+# The spans the running primitive is in (innermost), for code that fires an event of an
+# enclosing one (:func:`span_id_of`).
+_INSIDE: contextvars.ContextVar[_Opened | None] = contextvars.ContextVar("teola_llama_index_span", default=None)
+
+
+def span_id_of(label: str) -> str | None:
+    """The id of the open span labelled ``label`` that the running primitive is in; else the
+    active span's (code running outside a lowered run)."""
+    opened = _INSIDE.get()
+    while opened is not None:
+        if opened.span.label == label:
+            return opened.id_
+        opened = opened.parent
+    return active_span_id.get()
+
+
+class SpanRun:
+    """A run's observer (``runtime/run_observer.py``) opening and closing the plan's spans."""
+
+    def __init__(self, plan: SpanPlan, graph: PGraph) -> None:
+        self.plan = plan
+        self.values: dict[Ref, Any] = {}
+        self.opened: dict[FrameworkSpan, _Opened] = {}
+        self.left: Counter[FrameworkSpan] = Counter()  # primitives of each span (and its inner ones) not done
+        for prim in graph.nodes:
+            span = plan.members.get(prim.name)
+            while span is not None:
+                self.left[span] += 1
+                span = span.parent
+
+    def start(self, inputs: Mapping[str, Any]) -> None:
+        self.values.update({Ref(INPUT, name): value for name, value in inputs.items()})
+
+    async def entering(self, prim: Primitive) -> None:
+        span = self.plan.members.get(prim.name)
+        if span is not None:
+            opened = self._open(span)
+            active_span_id.set(opened.id_)  # in this primitive's own task context
+            _INSIDE.set(opened)
+
+    def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
+        for port, value in outputs.items():
+            self.values[Ref(prim.name, port)] = value
+        span = self.plan.members.get(prim.name)
+        while span is not None:
+            self.left[span] -= 1
+            if self.left[span] == 0 and span in self.opened:
+                self._close(self.opened[span])
+            span = span.parent
+
+    async def finish(self, error: BaseException | None) -> None:
+        for opened in reversed(list(self.opened.values())):  # inner ones first
+            if not opened.closed:
+                self._close(opened) if error is None else self._drop(opened, error)
+
+    # -- spans ------------------------------------------------------------------------------
+    def _value(self, ref: Ref) -> Any:
+        return self.values.get(ref)
+
+    def _open(self, span: FrameworkSpan) -> _Opened:
+        opened = self.opened.get(span)
+        if opened is not None:
+            return opened
+        parent = self._open(span.parent) if span.parent is not None else None
+        parent_id = parent.id_ if parent is not None else active_span_id.get()
+        instance = span.instance
+        try:
+            bound = inspect.signature(getattr(instance, span.method)).bind_partial(**span.args(self._value))
+        except (TypeError, ValueError):
+            bound = inspect.signature(lambda: None).bind()
+        opened = _Opened(span, f"{type(instance).__name__}.{span.method}-{uuid.uuid4()}", bound, parent)
+        self.opened[span] = opened
+        tags = active_instrument_tags.get() if active_instrument_tags is not None else None
+        span.dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
+        if span.events is not None:
+            with _active(opened):
+                opened.state = span.events.start(self._value)
+        return opened
+
+    def _close(self, opened: _Opened) -> None:
+        opened.closed = True
+        span = opened.span
+        result = self._value(span.result) if span.result is not None else None
+        if span.events is not None:
+            with _active(opened):
+                span.events.end(opened.state, result, self._value)
+        span.dispatcher.span_exit(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance, result=result)
+
+    def _drop(self, opened: _Opened, error: BaseException) -> None:
+        opened.closed = True
+        span = opened.span
+        if span.events is not None:
+            with _active(opened):
+                span.events.failed(opened.state, error)
+        span.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
+        span.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance, err=error)
+
+
+@contextlib.contextmanager
+def _active(opened: _Opened) -> Iterator[None]:
+    """``opened`` is the active span while its own events fire."""
+    token = active_span_id.set(opened.id_)
+    try:
+        yield
+    finally:
+        active_span_id.reset(token)
+
+
+@contextlib.contextmanager
+def instant_span(instance: Any, method: str, **arguments: Any) -> Iterator[None]:
+    """``instance.method``'s span around events reported after the fact (an embedding call
+    Teola's engine ran): opened and closed where they fire, nested in the active span; no
+    span when LlamaIndex does not instrument that method."""
+    dispatcher = dispatcher_of(instance, method)
+    if dispatcher is None:
+        yield
+        return
+    try:
+        bound = inspect.signature(getattr(instance, method)).bind_partial(**arguments)
+    except (TypeError, ValueError):
+        bound = inspect.signature(lambda: None).bind()
+    id_ = f"{type(instance).__name__}.{method}-{uuid.uuid4()}"
+    tags = active_instrument_tags.get() if active_instrument_tags is not None else None
+    dispatcher.span_enter(id_=id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(), tags=tags)
+    token = active_span_id.set(id_)
+    try:
+        yield
+    finally:
+        active_span_id.reset(token)
+        dispatcher.span_exit(id_=id_, bound_args=bound, instance=instance, result=None)
