@@ -1333,3 +1333,111 @@ def test_a_streamed_llama_index_call_sends_the_stream_options_of_its_llm(recordi
     tokens = list(executor.query(engine, QUESTIONS[1]).response_gen)
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
     assert sent_plain[-1][1]["stream_options"] == {"include_usage": True} and tokens == plain_tokens
+
+
+class SpanTree:
+    """Every span (name, its parent's name, dropped?) and event (type, its span's name) that
+    LlamaIndex's dispatchers report, in order."""
+
+    def __enter__(self):
+        from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+        from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+
+        tree = self
+        self.spans, self.events, self.names = [], [], {}
+
+        class Spans(BaseSpanHandler):
+            def new_span(self, id_, bound_args, instance=None, parent_span_id=None, tags=None, **kwargs):
+                tree.names[id_] = id_.rsplit("-", 5)[0]
+                tree.spans.append(("open", tree.names[id_], tree.names.get(parent_span_id)))
+
+            def prepare_to_exit_span(self, id_, bound_args, instance=None, result=None, **kwargs):
+                tree.spans.append(("exit", tree.names.get(id_)))
+
+            def prepare_to_drop_span(self, id_, bound_args, instance=None, err=None, **kwargs):
+                tree.spans.append(("drop", tree.names.get(id_)))
+
+        class Events(BaseEventHandler):
+            def handle(self, event, **kwargs) -> None:
+                tree.events.append((event.class_name(), tree.names.get(event.span_id)))
+
+        self.handlers = Spans(), Events()
+        root = get_dispatcher()
+        root.add_span_handler(self.handlers[0])
+        root.add_event_handler(self.handlers[1])
+        return self
+
+    def __exit__(self, *exc):
+        root = get_dispatcher()
+        root.span_handlers.remove(self.handlers[0])
+        root.event_handlers.remove(self.handlers[1])
+
+    def take(self) -> tuple[list, list]:
+        # Teola packs a synthesizer's text while planning its calls: the splitter's spans open
+        # in ``synthesize`` there, in ``get_response`` in plain (docs/integrations.md)
+        spans = [s for s in self.spans if not (s[1] or "").startswith("TokenTextSplitter")]
+        taken = spans, list(self.events)
+        self.spans.clear(), self.events.clear()
+        return taken
+
+
+@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize"])
+def test_a_lowered_query_reports_plains_spans_and_events(mode, recording_proxy, squad_index, executor):
+    """Span handlers (Phoenix, Langfuse) and event handlers see a lowered query as plain's: the
+    same spans with the same parents (the engine's ``_query``, the retriever's ``retrieve`` /
+    ``_retrieve``, the query embedding, ``synthesize``, ``get_response``, the refine program,
+    ``predict``, the model's two ``chat`` spans), each event in the span plain fires it in, and
+    the callback manager's RETRIEVE / SYNTHESIZE events; sync and async; an LLM call that
+    fails drops the spans it was in, as plain's does."""
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import VectorIndexRetriever
+
+    debug = LlamaDebugHandler(print_trace_on_end=False)
+    callbacks = CallbackManager([debug])
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, callback_manager=callbacks)
+    retriever = VectorIndexRetriever(squad_index, similarity_top_k=3, callback_manager=callbacks)
+    synthesizer = get_response_synthesizer(llm=llm, response_mode=mode, callback_manager=callbacks)
+    engine = RetrieverQueryEngine(retriever, synthesizer, callback_manager=callbacks)
+    plain_gets_teolas_replies(recording_proxy)
+
+    def callback_events() -> list[str]:
+        events = [e.event_type.value for e in debug.get_events()]
+        debug.flush_event_logs()
+        return events
+
+    seen = {}
+    with SpanTree() as tree:
+        for name, run in (("teola", lambda q: executor.query(engine, q)), ("plain", engine.query),
+                          ("teola async", lambda q: asyncio.run(executor.aquery(engine, q))),
+                          ("plain async", lambda q: asyncio.run(engine.aquery(q)))):
+            callback_events()
+            answer = str(run(QUESTIONS[0]))
+            seen[name] = (answer, *tree.take(), callback_events())
+    for kind in ("", " async"):
+        plain, teola = seen["plain" + kind], seen["teola" + kind]
+        assert teola[0] == plain[0] and plain[0]
+        if mode == "tree_summarize":  # its first calls run at once: the same spans and events, in any order
+            assert sorted(teola[1]) == sorted(plain[1]) and sorted(teola[2]) == sorted(plain[2])
+        else:
+            assert teola[1] == plain[1] and teola[2] == plain[2]
+        assert sorted(teola[3]) == sorted(plain[3])
+    opened = {s[1:] for s in seen["plain"][1] if s[0] == "open"}
+    assert {("VectorIndexRetriever._retrieve", "VectorIndexRetriever.retrieve"),
+            ("OpenAILike.predict", "DefaultRefineProgram.__call__" if mode != "tree_summarize"
+             else "TreeSummarize.get_response"),
+            ("OpenAILike.chat", "OpenAILike.chat")} <= opened
+    assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain"][3])
+
+    # a call the server rejects (more new tokens than its context holds): plain's spans are dropped
+    llm.max_tokens = 4096
+    dropped = {}
+    with SpanTree() as tree:
+        for name, run in (("plain", engine.query), ("teola", lambda q: executor.query(engine, q))):
+            with pytest.raises(openai.BadRequestError):
+                run(QUESTIONS[1])
+            dropped[name] = sorted(s[1] for s in tree.take()[0] if s[0] == "drop")
+    assert dropped["teola"] == dropped["plain"]
+    assert {"OpenAILike.chat", "OpenAILike.predict", "RetrieverQueryEngine._query"} <= set(dropped["plain"])

@@ -16,6 +16,7 @@ listens. A served embedding model's own ``get_query_embedding`` runs and reports
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
 from .llama_index_listening import listened, model_dict
-from .llama_index_spans import instant_span
+from .llama_index_spans import instant_span, running_async
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,31 @@ class EmbedEvents:
         for size in sizes if sizes is not None else [1] * len(texts):
             chunks, embeddings = list(texts[start:start + size]), [list(v) for v in vectors[start:start + size]]
             start += size
-            # a query string's events in the spans its ``get_query_embedding`` opens (its own, and
-            # the model's ``_get_query_embedding``: what ran on the engine)
+            # a query string's events in the span of its ``get_query_embedding``
+            # (``aget_query_embedding``), around the model's own, which ran on the engine
             query = sizes is None
-            with instant_span(model, "get_query_embedding", query=chunks[0]) if query else contextlib.nullcontext():
+            outer = ("aget_query_embedding" if running_async() else "get_query_embedding") if query else None
+            with instant_span(model, outer, query=chunks[0]) if outer else contextlib.nullcontext():
                 embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
                 with model.callback_manager.event(CBEventType.EMBEDDING,
                                                   payload={EventPayload.SERIALIZED: described}) as event:
                     if query:
-                        with instant_span(model, "_get_query_embedding", query=chunks[0]):
-                            pass
+                        self._model_spans(chunks[0])
                     event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
                 embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
+
+    def _model_spans(self, query: str) -> None:
+        """The model's own ``_get_query_embedding`` span (async: ``_aget_query_embedding``'s,
+        around the sync one's where it calls it, as HuggingFaceEmbedding's does)."""
+        model = self.embed_model
+        if not running_async():
+            with instant_span(model, "_get_query_embedding", query=query):
+                return
+        own = inspect.unwrap(getattr(type(model), "_aget_query_embedding"))
+        with instant_span(model, "_aget_query_embedding", query=query):
+            if "_get_query_embedding" in getattr(getattr(own, "__code__", None), "co_names", ()):
+                with instant_span(model, "_get_query_embedding", query=query):
+                    pass
 
     def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,
                  sizes: Sequence[int] | None = None) -> None:

@@ -100,16 +100,17 @@ class SpanPlan:
         finally:
             _BUILDING.reset(token)
 
-    def observer(self, graph: PGraph) -> SpanRun | None:
+    def observer(self, graph: PGraph, async_: bool | None = None) -> SpanRun | None:
         """The observer reporting these spans for a run of ``graph`` (this plan's graph as the
-        optimizer left it); None when it has no span or nobody listens (to the dispatchers,
-        or to the callback events of a span's component)."""
+        optimizer left it) of a sync or an ``async_`` call (None: as the run this one expands
+        under); None when it has no span or nobody listens (to the dispatchers, or to the
+        callback events of a span's component)."""
         if not self.members:
             return None
         if not observed() and not any(_has_callbacks(s.instance) for s in set(self.members.values())
                                       if s.events is not None):
             return None
-        return SpanRun(self, graph)
+        return SpanRun(self, graph, running_async() if async_ is None else async_)
 
 
 _BUILDING: contextvars.ContextVar[SpanPlan | None] = contextvars.ContextVar("teola_span_plan", default=None)
@@ -158,12 +159,20 @@ def _has_callbacks(component: Any) -> bool:
     return bool(getattr(manager, "handlers", None))
 
 
+_NO_ARGS = inspect.signature(lambda: None).bind()
+
+
 @dataclass(eq=False)
 class _Opened:
+    """A span of a run: opened (reported to ``dispatcher``'s handlers), or standing for one plain's
+    path does not open (not ``reported``: its primitives run in its parent's)."""
+
     span: FrameworkSpan
     id_: str
     bound_args: inspect.BoundArguments
     parent: _Opened | None
+    dispatcher: Any = None
+    reported: bool = True
     state: Any = None
     closed: bool = False
 
@@ -171,6 +180,22 @@ class _Opened:
 # The spans the running primitive is in (innermost), for code that fires an event of an
 # enclosing one (:func:`span_id_of`).
 _INSIDE: contextvars.ContextVar[_Opened | None] = contextvars.ContextVar("teola_llama_index_span", default=None)
+# Set in a reported run's primitives when the caller's call was async (``aquery``): plain's
+# async path opens the async methods' spans (``_aquery``, ``aretrieve``, ``apredict``).
+_ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("teola_llama_index_async", default=False)
+
+
+def running_async() -> bool:
+    """Whether the running primitive's query was an async call."""
+    return _ASYNC.get()
+
+
+def async_name(method: str) -> str:
+    """The async counterpart LlamaIndex names ``method``'s (``_query`` -> ``_aquery``,
+    ``retrieve`` -> ``aretrieve``, ``__call__`` -> ``acall``)."""
+    if method == "__call__":
+        return "acall"
+    return "_a" + method[1:] if method.startswith("_") else "a" + method
 
 
 def span_id_of(label: str) -> str | None:
@@ -187,8 +212,9 @@ def span_id_of(label: str) -> str | None:
 class SpanRun:
     """A run's observer (``runtime/run_observer.py``) opening and closing the plan's spans."""
 
-    def __init__(self, plan: SpanPlan, graph: PGraph) -> None:
+    def __init__(self, plan: SpanPlan, graph: PGraph, async_: bool = False) -> None:
         self.plan = plan
+        self.async_ = async_
         self.values: dict[Ref, Any] = {}
         self.opened: dict[FrameworkSpan, _Opened] = {}
         self.left: Counter[FrameworkSpan] = Counter()  # primitives of each span (and its inner ones) not done
@@ -207,6 +233,7 @@ class SpanRun:
             opened = self._open(span)
             active_span_id.set(opened.id_)  # in this primitive's own task context
             _INSIDE.set(opened)
+        _ASYNC.set(self.async_)
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
         for port, value in outputs.items():
@@ -233,15 +260,22 @@ class SpanRun:
             return opened
         parent = self._open(span.parent) if span.parent is not None else None
         parent_id = parent.id_ if parent is not None else active_span_id.get()
-        instance = span.instance
+        instance, method, dispatcher = span.instance, span.method, span.dispatcher
+        if self.async_ and getattr(type(instance), async_name(method), None) is not None:
+            method = async_name(method)
+            dispatcher = dispatcher_of(instance, method)
+        if dispatcher is None:  # plain's async path opens no span here (a refine program's acall)
+            opened = self.opened[span] = _Opened(span, parent_id, _NO_ARGS, parent, reported=False)
+            return opened
         try:
-            bound = inspect.signature(getattr(instance, span.method)).bind_partial(**span.args(self._value))
+            bound = inspect.signature(getattr(instance, method)).bind_partial(**span.args(self._value))
         except (TypeError, ValueError):
-            bound = inspect.signature(lambda: None).bind()
-        opened = _Opened(span, f"{type(instance).__name__}.{span.method}-{uuid.uuid4()}", bound, parent)
+            bound = _NO_ARGS
+        opened = _Opened(span, f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, parent,
+                         dispatcher=dispatcher)
         self.opened[span] = opened
         tags = active_instrument_tags.get() if active_instrument_tags is not None else None
-        span.dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
+        dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
         if span.events is not None:
             with _active(opened):
                 opened.state = span.events.start(self._value)
@@ -249,21 +283,27 @@ class SpanRun:
 
     def _close(self, opened: _Opened) -> None:
         opened.closed = True
+        if not opened.reported:
+            return
         span = opened.span
         result = self._value(span.result) if span.result is not None else None
         if span.events is not None:
             with _active(opened):
                 span.events.end(opened.state, result, self._value)
-        span.dispatcher.span_exit(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance, result=result)
+        opened.dispatcher.span_exit(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
+                                    result=result)
 
     def _drop(self, opened: _Opened, error: BaseException) -> None:
         opened.closed = True
+        if not opened.reported:
+            return
         span = opened.span
         if span.events is not None:
             with _active(opened):
                 span.events.failed(opened.state, error)
-        span.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
-        span.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance, err=error)
+        opened.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
+        opened.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
+                                    err=error)
 
 
 @contextlib.contextmanager
@@ -288,7 +328,7 @@ def instant_span(instance: Any, method: str, **arguments: Any) -> Iterator[None]
     try:
         bound = inspect.signature(getattr(instance, method)).bind_partial(**arguments)
     except (TypeError, ValueError):
-        bound = inspect.signature(lambda: None).bind()
+        bound = _NO_ARGS
     id_ = f"{type(instance).__name__}.{method}-{uuid.uuid4()}"
     tags = active_instrument_tags.get() if active_instrument_tags is not None else None
     dispatcher.span_enter(id_=id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(), tags=tags)

@@ -346,14 +346,15 @@ class TeolaExecutor:
     # no-op after a finished run): a run_sync interrupted before _execute started included.
     def _run_sync(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
-            return self.runtime.run_sync(calling_from(None, self._execute(app, graph, query, query_id)))
+            return self.runtime.run_sync(calling_from(None, self._execute(app, graph, query, query_id, False)))
         finally:
             _release_claims(app)
 
     async def _run_async(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
         try:
             caller = asyncio.get_running_loop()  # opaque components' async methods run there
-            return await self.runtime.run_async(calling_from(caller, self._execute(app, graph, query, query_id)))
+            return await self.runtime.run_async(calling_from(caller, self._execute(app, graph, query, query_id,
+                                                                                   True)))
         finally:
             _release_claims(app)
 
@@ -370,7 +371,9 @@ class TeolaExecutor:
 
     close = flush  # an executor going away leaves nothing pending; a failure raises here
 
-    async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str) -> dict[str, Any]:
+    async def _execute(self, app: TracedApp, graph: PGraph, query: QueryBundle, query_id: str,
+                       async_: bool) -> dict[str, Any]:
+        """``async_``: the caller's call was async (LlamaIndex's spans are its async methods')."""
         claims = [j for j in app.ingestions if j.claim is not None]
         try:
             engines = await self.runtime.provide(app.engines)  # the user's own stores, served in-process
@@ -379,7 +382,7 @@ class TeolaExecutor:
             self.last_query_id = query_id  # the latest started (for a look at its timeline)
             return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
                                               timeout_s=self.timeout_s,
-                                              observer=app.spans.observer(graph) if app.spans else None)
+                                              observer=app.spans.observer(graph, async_) if app.spans else None)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
                 engine = self.runtime.local_engines().get(j.engine)
