@@ -187,6 +187,35 @@ def test_every_read_path_flushes_pending_ingestion(runtime, executor, tmp_path):
     assert_same_index(index, plain, min_nodes=3)
 
 
+def test_an_index_with_pending_nodes_copies_and_pickles_as_plains(runtime, executor):
+    """``copy.deepcopy`` / ``pickle`` of an index (and of its storage context's vector store)
+    hold every node plain's would, pending ones included (they are stored first); Teola keeps
+    nothing on the index itself, so it copies and pickles after the executor is gone too."""
+    import copy
+    import gc
+    import pickle
+    import weakref
+
+    plain = build(runtime, 3)
+    Settings.executor = executor
+    for clone in (copy.deepcopy, lambda i: pickle.loads(pickle.dumps(i))):
+        index = build(runtime, 3)
+        assert pending(index)
+        copied = clone(index)
+        assert not pending(index) and not pending(copied)
+        assert_same_index(copied, plain, min_nodes=3)
+    index = build(runtime, 3)
+    store = pickle.loads(pickle.dumps(index.storage_context.vector_store))
+    assert not pending(index) and list(store.data.embedding_dict) == list(plain.vector_store.data.embedding_dict)
+    Settings.executor = None
+    assert_same_index(pickle.loads(pickle.dumps(index)), plain, min_nodes=3)
+    # an index nobody holds any more goes (its state with it) once nothing is pending
+    gone = weakref.ref(index)
+    del index, copied
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_failed_deferred_ingestion_reaches_the_caller_and_is_retried(runtime, executor, monkeypatch):
     plain = build(runtime, 3)
     want = ids(plain.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))
@@ -229,11 +258,16 @@ def test_a_query_that_fails_after_claiming_gives_the_nodes_back(runtime, executo
     assert not pending(index)
 
 
+class StubIndex:
+    """An index's stand-in for the pure logic of pending batches (weakly referenced, as an index is)."""
+
+    def __init__(self, **attrs) -> None:
+        self.__dict__.update(attrs)
+
+
 def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pending(monkeypatch):
     """Pure logic of a claim: vectors arrive by shard in any order; only the ready prefix is
     stored (LlamaIndex's insertion order), and what is not stored goes back to pending."""
-    from types import SimpleNamespace
-
     from llama_index.core.schema import TextNode
 
     from teola_plugin.llama_index import pending_ingestion as ingest
@@ -241,7 +275,7 @@ def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pe
     stored: list[list[str]] = []
     monkeypatch.setattr(ingest, "_ADD_NODES", lambda index, struct, nodes, **kw: stored.append(
         [f"{n.node_id}:{n.embedding[0]:g}" for n in nodes]))
-    index = SimpleNamespace(_index_struct=None, __dict__={})
+    index = StubIndex(_index_struct=None)
     state = PendingIngestion(index)
     nodes = [TextNode(id_=f"n{i}", text=f"t{i}") for i in range(6)]
     state.add(ingest.PendingBatch("struct", nodes[:4]))
@@ -267,11 +301,10 @@ def test_shards_are_stored_in_node_order_and_an_abandoned_run_leaves_the_rest_pe
 # -- claim routing: by join id, never by index name -----------------------------------------------
 def stub_pending(ingest, label: str, ids: range) -> PendingIngestion:
     """A pending stub index (never a real store) whose nodes are ``<label><i>``."""
-    from types import SimpleNamespace
-
     from llama_index.core.schema import TextNode
 
-    state = PendingIngestion.of(SimpleNamespace(_index_struct=None, label=label), create=True)
+    index = StubIndex(_index_struct=None, label=label)  # held by its state while its nodes are pending
+    state = PendingIngestion.of(index, create=True)
     state.add(ingest.PendingBatch("struct", [TextNode(id_=f"{label}{i}", text=f"t{i}") for i in ids]))
     return state
 

@@ -54,6 +54,7 @@ from .pending_ingestion import (
 )
 
 _SAVED: dict[tuple[type, str], Any] = {}
+_INHERITED = object()  # saved for a method the class inherits (uninstall removes the wrapper)
 
 
 def _flushing(index: Any) -> None:
@@ -223,6 +224,8 @@ _HOOKS: tuple[tuple[type, str, Callable[[Any], Any]], ...] = (
     (BaseIndex, "docstore", _flush_property),
     (VectorStoreIndex, "ref_doc_info", _flush_property),  # it reads index_struct before the docstore
     (BaseIndex, "index_struct", _flush_property),  # user code's read (LlamaIndex's own use _index_struct)
+    (BaseIndex, "storage_context", _flush_property),  # its stores, read or pickled by user code
+    (BaseIndex, "__getstate__", _flush_first),  # a copy or pickle of the index holds what plain's would
     (VectorStoreIndex, "delete_nodes", _flush_first),
     (VectorStoreIndex, "adelete_nodes", _flush_first),
     (VectorStoreIndex, "delete_ref_doc", _flush_first),
@@ -254,9 +257,9 @@ def install() -> None:
     """Wrap the methods above once."""
     for cls, name, wrap in _HOOKS:
         if (cls, name) not in _SAVED:
-            original = cls.__dict__[name]
+            original = cls.__dict__.get(name, _INHERITED)  # __getstate__: object's
             _SAVED[cls, name] = original
-            setattr(cls, name, wrap(original))
+            setattr(cls, name, wrap(getattr(cls, name) if original is _INHERITED else original))
     set_original_add_nodes(_SAVED[VectorStoreIndex, "_add_nodes_to_index"])
     # A runtime going away hands back the nodes its engines were to embed (LlamaIndex's own
     # code stores them if anything reads them), so no flush needs a closed runtime.
@@ -267,5 +270,8 @@ def uninstall() -> None:
     """Store what is pending, then restore LlamaIndex's methods."""
     flush_all()
     for (cls, name), original in list(_SAVED.items()):
-        setattr(cls, name, original)
+        if original is _INHERITED:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, original)
         del _SAVED[cls, name]

@@ -30,6 +30,7 @@ import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ class PendingBatch:
 
 
 _REGISTRY: dict[int, PendingIngestion] = {}  # strong refs: pending work is never garbage
+_STATES: dict[int, PendingIngestion] = {}  # id(index) -> its state, while the index lives
 _REGISTRY_LOCK = threading.Lock()
 _ADD_NODES: Any = None  # VectorStoreIndex._add_nodes_to_index as LlamaIndex wrote it (set by hooks)
 
@@ -108,7 +110,11 @@ class PendingIngestion:
     At most one :class:`Claim` (a run committing them) exists at a time."""
 
     def __init__(self, index: Any) -> None:
-        self.index = index
+        # Weak: the index's state lives beside it (``_STATES``), not on it, so the index copies
+        # and pickles as plain's; held strongly while nodes are pending (``_pinned``), so
+        # acknowledged nodes are stored even when the caller dropped the index itself.
+        self._index = weakref.ref(index)
+        self._pinned: Any = None
         self.cond = threading.Condition()
         self.batches: list[PendingBatch] = []
         self.claim: Claim | None = None
@@ -117,11 +123,20 @@ class PendingIngestion:
         self.flush_due: float | None = None  # monotonic time of the next idle flush
         self.handed_back = False  # stored by LlamaIndex's own code, never by a runtime
 
+    @property
+    def index(self) -> Any:
+        index = self._index()
+        if index is None:  # cannot happen while nodes are pending (pinned)
+            raise ReferenceError("the index of this pending ingestion was garbage collected")
+        return index
+
     @staticmethod
     def of(index: Any, create: bool = False) -> PendingIngestion | None:
-        state = index.__dict__.get("_teola_pending")
-        if state is None and create:
-            state = index.__dict__["_teola_pending"] = PendingIngestion(index)
+        with _REGISTRY_LOCK:
+            state = _STATES.get(id(index))
+            if state is None and create:
+                state = _STATES[id(index)] = PendingIngestion(index)
+                weakref.finalize(index, _STATES.pop, id(index), None)  # by id: an index need not hash
         return state
 
     def add(self, batch: PendingBatch, runtime: Any = None, idle_flush_s: float | None = None) -> None:
@@ -133,6 +148,7 @@ class PendingIngestion:
             self._schedule_idle_flush(time.monotonic())
         with _REGISTRY_LOCK:
             _REGISTRY[id(self)] = self
+            self._pinned = self.index
         _register_exit_hand_back()
         if idle_flush_s is not None:
             IDLE_FLUSHER.wake()
@@ -220,6 +236,7 @@ def _unregister(state: PendingIngestion) -> None:
     with _REGISTRY_LOCK:
         if not state.has_work():
             _REGISTRY.pop(id(state), None)
+            state._pinned = None
 
 
 class Claim:

@@ -597,6 +597,11 @@ class Runtime:
             raise
 
     # -- shutdown ------------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> Runtime:
+        """The same runtime: it is the process's engines, not a value (a deep copy of an index
+        or a model holding it shares it, as a copy would share a connection pool)."""
+        return self
+
     def shutdown(self) -> None:
         """Close engines, stop the loop, and stop Ray if this runtime started it. Idempotent."""
         with self._start_lock:
