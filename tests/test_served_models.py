@@ -1441,3 +1441,46 @@ def test_a_lowered_query_reports_plains_spans_and_events(mode, recording_proxy, 
             dropped[name] = sorted(s[1] for s in tree.take()[0] if s[0] == "drop")
     assert dropped["teola"] == dropped["plain"]
     assert {"OpenAILike.chat", "OpenAILike.predict", "RetrieverQueryEngine._query"} <= set(dropped["plain"])
+
+
+def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(recording_proxy, squad_index, executor):
+    """The query engine a HyDE ``TransformQueryEngine`` runs reports its own ``query`` span,
+    ``QueryStart`` / ``End`` and ``QUERY`` callback event, as plain's ``engine.query`` does;
+    a streaming query reports its retrieval and its ``synthesize`` span and events (which end
+    when the response is returned, before its tokens are read), as plain's."""
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+    from llama_index.core.indices.query.query_transform import HyDEQueryTransform
+    from llama_index.core.query_engine import RetrieverQueryEngine, TransformQueryEngine
+    from llama_index.core.retrievers import VectorIndexRetriever
+
+    debug = LlamaDebugHandler(print_trace_on_end=False)
+    callbacks = CallbackManager([debug])
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, callback_manager=callbacks)
+
+    def engine(streaming: bool = False) -> RetrieverQueryEngine:
+        retriever = VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks)
+        synth = get_response_synthesizer(llm=llm, streaming=streaming, callback_manager=callbacks)
+        return RetrieverQueryEngine(retriever, synth, callback_manager=callbacks)
+
+    hyde = TransformQueryEngine(engine(), HyDEQueryTransform(llm=llm), callback_manager=callbacks)
+    streaming = engine(streaming=True)
+    plain_gets_teolas_replies(recording_proxy)
+    seen = {}
+    with SpanTree() as tree:
+        for name, target, run in (("teola hyde", hyde, executor.query), ("plain hyde", hyde, None),
+                                  ("teola stream", streaming, executor.query), ("plain stream", streaming, None)):
+            debug.flush_event_logs()
+            response = run(target, QUESTIONS[0]) if run else target.query(QUESTIONS[0])
+            text = "".join(response.response_gen) if hasattr(response, "response_gen") else str(response)
+            spans, events = tree.take()
+            events = [e for e in events if e[0] != "LLMChatInProgressEvent"]  # per token: not reported (documented)
+            seen[name] = (text, sorted(spans), sorted(events), sorted(e.event_type.value for e in debug.get_events()))
+    for kind in ("hyde", "stream"):
+        plain, teola = seen["plain " + kind], seen["teola " + kind]
+        assert teola == plain and plain[0]
+    assert ("open", "RetrieverQueryEngine.query", "TransformQueryEngine._query") in seen["plain hyde"][1]
+    assert ("QueryStartEvent", "RetrieverQueryEngine.query") in seen["plain hyde"][2]
+    assert ("SynthesizeEndEvent", "CompactAndRefine.synthesize") in seen["plain stream"][2]
+    for kind in ("hyde", "stream"):
+        assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain " + kind][3])

@@ -254,6 +254,8 @@ class LlamaIndexTracer:
             _returns(lowered.get("response") if lowered is not _DECLINED else None, outer, inner)
         if lowered is not _DECLINED:
             self.traced.root_lowered |= root
+            if root and self.traced.streaming_synthesis is not None:  # the executor's after the graph
+                self.spans.drop(inner)
             return lowered
         # The executor's entry point already ran ``query``'s instrumentation around the whole
         # run: the engine itself, unlowered, is its ``_query`` (unless it redefines ``query``).

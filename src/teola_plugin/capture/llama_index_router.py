@@ -78,7 +78,7 @@ def _selection(tr: LlamaIndexTracer, router: RouterQueryEngine, origin: str) -> 
             prompt = selector._prompt
             step = PredictAndParse(selector._llm, spec, prompt, lambda query: {**args, "query_str": query.query_str},
                                    lambda text: _structured_output_to_selector_result(prompt.output_parser.parse(text)),
-                                   type(selector).__name__, tr.ctx.prepare_expansion)
+                                   type(selector).__name__, tr.ctx.prepare_expansion, within=(selector, "_select"))
             ref = tr.cpu_step("select", step, {"query": tr.query}, origin, pure=False)
             tr.note(ref.node, selector, "expands", step.describe())
             return ref

@@ -62,21 +62,43 @@ class RetrieveEvents:
         return CallbackEvent(self.retriever.callback_manager, CBEventType.RETRIEVE)
 
 
+def reports_query_event(engine: Any) -> bool:
+    """Does ``engine``'s own ``_query`` / ``_aquery`` wrap its work in a ``QUERY`` callback
+    event (LlamaIndex's own engines that Teola lowers, by their source)?"""
+    from llama_index.core.query_engine import (CitationQueryEngine, RetrieverQueryEngine, RouterQueryEngine,
+                                               SubQuestionQueryEngine)
+
+    return type(engine) in (RetrieverQueryEngine, CitationQueryEngine, SubQuestionQueryEngine, RouterQueryEngine)
+
+
 @dataclass(frozen=True)
 class QueryEvents:
     """``BaseQueryEngine.query`` of a query engine run inside another's lowered graph (the
-    executor's entry point reports the outermost one itself)."""
+    executor's entry point reports the outermost one itself): ``QueryStartEvent`` /
+    ``QueryEndEvent``, and with ``engine`` (one whose ``_query`` reports it) its ``QUERY``
+    callback event."""
 
     query: Ref
+    engine: Any = None
 
     def start(self, values: Callable[[Ref], Any]) -> Any:
-        base_query_engine.dispatcher.event(QueryStartEvent(query=values(self.query)))
+        query = values(self.query)
+        base_query_engine.dispatcher.event(QueryStartEvent(query=query))
+        if self.engine is None or not reports_query_event(self.engine):
+            return None
+        return self._callback().start({EventPayload.QUERY_STR: query.query_str})
 
-    def end(self, state: Any, response: Any, values: Callable[[Ref], Any]) -> None:
+    def end(self, event_id: Any, response: Any, values: Callable[[Ref], Any]) -> None:
+        if self.engine is not None:
+            self._callback().end(event_id, {EventPayload.RESPONSE: response})
         base_query_engine.dispatcher.event(QueryEndEvent(query=values(self.query), response=response))
 
-    def failed(self, state: Any, exc: BaseException) -> None:
-        pass
+    def failed(self, event_id: Any, exc: BaseException) -> None:
+        if self.engine is not None:
+            self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
+
+    def _callback(self) -> CallbackEvent:
+        return CallbackEvent(self.engine.callback_manager, CBEventType.QUERY)
 
 
 @dataclass(frozen=True)

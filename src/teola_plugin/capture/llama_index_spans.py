@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +43,7 @@ try:  # where the instrumentation package keeps its tags (absent in older versio
 except ImportError:  # pragma: no cover
     active_instrument_tags = None
 
+log = logging.getLogger("teola_plugin")
 Values = Callable[[Ref], Any]  # a run's value of a graph ref (None until known)
 
 
@@ -90,6 +92,23 @@ class SpanPlan:
             for name in self.graph.added_since(mark):
                 self.members.setdefault(name, span)
 
+    def drop(self, span: FrameworkSpan | None) -> None:
+        """No longer report ``span`` (someone else opens it): its primitives and inner spans
+        are its parent's."""
+        if span is None:
+            return
+        for name, member in list(self.members.items()):
+            if member is span:
+                if span.parent is None:
+                    del self.members[name]
+                else:
+                    self.members[name] = span.parent
+        for member in set(self.members.values()):
+            while member is not None:
+                if member.parent is span:
+                    member.parent = span.parent
+                member = member.parent
+
     @contextlib.contextmanager
     def building(self) -> Iterator[SpanPlan]:
         """Inside, :func:`span_in_building` opens spans of this plan (a graph built by code
@@ -100,17 +119,29 @@ class SpanPlan:
         finally:
             _BUILDING.reset(token)
 
-    def observer(self, graph: PGraph, async_: bool | None = None) -> SpanRun | None:
+    def observer(self, graph: PGraph, async_: bool | None = None, outer: FrameworkSpan | None = None
+                 ) -> SpanRun | None:
         """The observer reporting these spans for a run of ``graph`` (this plan's graph as the
         optimizer left it) of a sync or an ``async_`` call (None: as the run this one expands
-        under); None when it has no span or nobody listens (to the dispatchers, or to the
-        callback events of a span's component)."""
+        under), inside ``outer`` (the span of the call that runs the graph: a nested query
+        engine's ``query``); None when it has no span or nobody listens (to the dispatchers,
+        or to the callback events of a span's component)."""
         if not self.members:
             return None
-        if not observed() and not any(_has_callbacks(s.instance) for s in set(self.members.values())
-                                      if s.events is not None):
+        spans = {outer} if outer is not None else set()
+        for span in set(self.members.values()):
+            while span is not None:
+                spans.add(span)
+                span = span.parent
+        if not observed() and not any(_has_callbacks(s.instance) for s in spans if s.events is not None):
             return None
-        return SpanRun(self, graph, running_async() if async_ is None else async_)
+        return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
+
+    def around(self, instance: Any, method: str, **kwargs: Any) -> FrameworkSpan | None:
+        """A span for :meth:`observer`'s ``outer`` (None when LlamaIndex does not instrument
+        ``instance.method``)."""
+        dispatcher = dispatcher_of(instance, method)
+        return FrameworkSpan(instance, method, dispatcher, **kwargs) if dispatcher is not None else None
 
 
 _BUILDING: contextvars.ContextVar[SpanPlan | None] = contextvars.ContextVar("teola_span_plan", default=None)
@@ -212,9 +243,11 @@ def span_id_of(label: str) -> str | None:
 class SpanRun:
     """A run's observer (``runtime/run_observer.py``) opening and closing the plan's spans."""
 
-    def __init__(self, plan: SpanPlan, graph: PGraph, async_: bool = False) -> None:
+    def __init__(self, plan: SpanPlan, graph: PGraph, async_: bool = False, outer: FrameworkSpan | None = None
+                 ) -> None:
         self.plan = plan
         self.async_ = async_
+        self.outer = outer  # the parent of the plan's outermost spans
         self.values: dict[Ref, Any] = {}
         self.opened: dict[FrameworkSpan, _Opened] = {}
         self.left: Counter[FrameworkSpan] = Counter()  # primitives of each span (and its inner ones) not done
@@ -222,7 +255,12 @@ class SpanRun:
             span = plan.members.get(prim.name)
             while span is not None:
                 self.left[span] += 1
-                span = span.parent
+                span = self._parent(span)
+
+    def _parent(self, span: FrameworkSpan) -> FrameworkSpan | None:
+        if span.parent is not None:
+            return span.parent
+        return self.outer if span is not self.outer else None
 
     def start(self, inputs: Mapping[str, Any]) -> None:
         self.values.update({Ref(INPUT, name): value for name, value in inputs.items()})
@@ -243,7 +281,7 @@ class SpanRun:
             self.left[span] -= 1
             if self.left[span] == 0 and span in self.opened:
                 self._close(self.opened[span])
-            span = span.parent
+            span = self._parent(span)
 
     async def finish(self, error: BaseException | None) -> None:
         for opened in reversed(list(self.opened.values())):  # inner ones first
@@ -258,7 +296,8 @@ class SpanRun:
         opened = self.opened.get(span)
         if opened is not None:
             return opened
-        parent = self._open(span.parent) if span.parent is not None else None
+        parent_span = self._parent(span)
+        parent = self._open(parent_span) if parent_span is not None else None
         parent_id = parent.id_ if parent is not None else active_span_id.get()
         instance, method, dispatcher = span.instance, span.method, span.dispatcher
         if self.async_ and getattr(type(instance), async_name(method), None) is not None:
@@ -277,7 +316,7 @@ class SpanRun:
         tags = active_instrument_tags.get() if active_instrument_tags is not None else None
         dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
         if span.events is not None:
-            with _active(opened):
+            with _active(opened), _reporting(span, "start"):
                 opened.state = span.events.start(self._value)
         return opened
 
@@ -288,7 +327,7 @@ class SpanRun:
         span = opened.span
         result = self._value(span.result) if span.result is not None else None
         if span.events is not None:
-            with _active(opened):
+            with _active(opened), _reporting(span, "end"):
                 span.events.end(opened.state, result, self._value)
         opened.dispatcher.span_exit(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
                                     result=result)
@@ -299,11 +338,21 @@ class SpanRun:
             return
         span = opened.span
         if span.events is not None:
-            with _active(opened):
+            with _active(opened), _reporting(span, "failure"):
                 span.events.failed(opened.state, error)
         opened.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
         opened.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
                                     err=error)
+
+
+@contextlib.contextmanager
+def _reporting(span: FrameworkSpan, what: str) -> Iterator[None]:
+    """Reporting a span's events never fails the query it reports (handlers' errors included)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        log.warning("reporting the %s events of %s.%s failed: %r", what, type(span.instance).__name__,
+                    span.method, exc)
 
 
 @contextlib.contextmanager

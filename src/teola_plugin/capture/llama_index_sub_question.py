@@ -83,7 +83,7 @@ def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, o
             step = PredictAndParse(generator._llm, spec, prompt,
                                    lambda query: {"tools_str": tools_str, "query_str": query.query_str},
                                    lambda text: prompt.output_parser.parse(text).parsed_output,
-                                   "LLMQuestionGenerator", tr.ctx.prepare_expansion)
+                                   "LLMQuestionGenerator", tr.ctx.prepare_expansion, within=(generator, "generate"))
             ref = tr.cpu_step("question_gen", step, {"query": tr.query}, origin, pure=False)
             tr.note(ref.node, generator, "expands", step.describe())
             return ref

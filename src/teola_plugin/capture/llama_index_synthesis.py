@@ -46,7 +46,7 @@ from ..ir.expansion import Expansion
 from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
 from .llama_index_span_events import GetResponseEvents
-from .llama_index_spans import SpanPlan, nested_depth, span_in_building
+from .llama_index_spans import SpanPlan, instant_span, nested_depth, span_in_building
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
 from .prompt_parts import marked_parts
@@ -122,22 +122,25 @@ class SynthesisPlanner:
         """The calls for these (non-empty) nodes, as ``synthesize`` makes them. Output ``out``:
         the Response (its sources: ``nodes`` then ``additional_source_nodes``); when
         streaming, the answer text, and the final decode is also output ``stream``."""
-        return self._built(query, nodes, additional_source_nodes)[0]
+        return self.built(query, nodes, additional_source_nodes)[0]
 
     def expansion(self, query: QueryBundle, nodes: list[NodeWithScore],
                   additional_source_nodes: list[NodeWithScore] = ()) -> Expansion:
         """:meth:`build_graph` as the expansion of a ``synthesize`` step, reporting the spans
         its ``get_response`` and LLM calls open (``llama_index_spans.py``)."""
-        graph, plan = self._built(query, nodes, additional_source_nodes)
+        graph, plan = self.built(query, nodes, additional_source_nodes)
         return Expansion(graph, {}, observer=plan.observer(graph))
 
-    def _built(self, query: QueryBundle, nodes: list[NodeWithScore],
-               additional_source_nodes: list[NodeWithScore]) -> tuple[PGraph, SpanPlan]:
+    def built(self, query: QueryBundle, nodes: list[NodeWithScore],
+              additional_source_nodes: list[NodeWithScore] = ()) -> tuple[PGraph, SpanPlan]:
+        """:meth:`build_graph` and the plan of the spans its primitives stand for."""
         synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
         graph = PGraph(f"{type(synth).__name__}")
         plan = SpanPlan(graph)
-        with plan.building(), self._get_response_spans(query.query_str, texts) as chunks:
+        # a streaming synthesis's get_response spans close before its run (get_response_reported)
+        spans = self._get_response_spans(query.query_str, texts) if not self.streaming else contextlib.nullcontext()
+        with plan.building(), spans as chunks:
             self._answer(graph, query.query_str, texts, chunks)
         if not self.streaming:
             sources = list(nodes) + list(additional_source_nodes)
@@ -147,6 +150,27 @@ class SynthesisPlanner:
                                      lambda text: synth._prepare_response_output(text, sources)), "pure": True})
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph), plan
+
+    @contextlib.contextmanager
+    def get_response_reported(self, query_str: str, nodes: list[NodeWithScore], async_: bool) -> Iterator[None]:
+        """A streaming synthesis's ``get_response`` spans (a refine's events with them), opened
+        and closed around the planning of its calls: plain's return the token generator before
+        any token is read."""
+        synth = self.synthesizer
+        method = "aget_response" if async_ else "get_response"
+        texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
+        chunks = self.refine_chunks(query_str, texts)
+        with contextlib.ExitStack() as stack:
+            if isinstance(synth, CompactAndRefine):
+                stack.enter_context(instant_span(synth, method, query_str=query_str, text_chunks=texts))
+            stack.enter_context(instant_span(synth, method, query_str=query_str,
+                                             text_chunks=chunks if chunks is not None else texts))
+            events = GetResponseEvents(query_str, chunks) if chunks is not None else None
+            if events is not None:
+                events.start(lambda ref: None)
+            yield
+            if events is not None:
+                events.end(None, None, lambda ref: None)
 
     @contextlib.contextmanager
     def _get_response_spans(self, query_str: str, texts: list[str]) -> Iterator[list[str] | None]:

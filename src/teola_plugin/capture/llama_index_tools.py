@@ -16,9 +16,11 @@ from typing import Any
 from llama_index.core.schema import QueryBundle
 
 from ..ir.graph import PGraph
+from ..ir.node import INPUT, Ref
 from ..ir.ops import Op
 from ..ir.expansion import Expansion
 from .llama_index import LlamaIndexTracer, NotLowerable, TracedApp
+from .llama_index_span_events import QueryEvents
 
 
 class EngineGraphs:
@@ -50,12 +52,25 @@ class EngineGraphs:
               recover: tuple[type[Exception], Callable[[Exception], Mapping[str, Any]]] | None = None) -> Expansion:
         """``engine.query(query)`` as an expansion; ``then`` maps the Response (a pure step)."""
         graph = self.graph(key)
+        response = graph.outputs["out"]
         if then is not None:
             graph = graph.copy()
             mapped = graph.add(Op.OPAQUE, name="then", inputs={"response": graph.outputs["out"]},
                                origin="query_engine", attrs={"fn": then, "pure": True})
             graph.output("out", mapped.out())
-        return Expansion(graph, self.apps[key].inputs_for(query), recover=recover)
+        app = self.apps[key]
+        return Expansion(graph, app.inputs_for(query), recover=recover, observer=self._spans(app, graph, response))
+
+    @staticmethod
+    def _spans(app: TracedApp, graph: PGraph, response: Ref) -> Any:
+        """The spans of the engine's ``query`` (its own ``query`` span, with its events) and of
+        its lowered parts, as plain's ``engine.query(query)`` reports them."""
+        if app.spans is None:
+            return None
+        engine, query = app.target, Ref(INPUT, "query")
+        outer = app.spans.around(engine, "query", args=lambda v: {"str_or_query_bundle": v(query)},
+                                 events=QueryEvents(query, engine), result=response)
+        return app.spans.observer(graph, outer=outer)
 
 
 def run_all(name: str, calls: Sequence[Callable[[], Any]], finish: Callable[[list[Any]], Any], origin: str, *,

@@ -36,7 +36,8 @@ def lower_transform_query_engine(tr: LlamaIndexTracer, engine: TransformQueryEng
     inner = EngineGraphs(tr, {"inner": engine._query_engine}, "query engine")
     origin = type(transform).__name__
     hyde = PredictAndParse(transform._llm, spec, transform._hyde_prompt,
-                           lambda query: {"context_str": query.query_str}, _as_is, origin, tr.ctx.prepare_expansion)
+                           lambda query: {"context_str": query.query_str}, _as_is, origin, tr.ctx.prepare_expansion,
+                           within=(transform, "_run"))
     document = tr.cpu_step("hyde", hyde, {"query": tr.query}, origin, pure=False)
     tr.note(document.node, transform, "expands", hyde.describe())
     response = tr.cpu_step("transformed_query", TransformedQuery(transform, inner),

@@ -255,12 +255,20 @@ class TeolaExecutor:
             with framework_passthrough():
                 return query_engine._query(bundle)
         app, graph = self._plan(query_engine)
+        if app.streaming_synthesis is None:
+            return self._answer(app, graph, query_engine, bundle)
+        # the synthesis streams after the graph: both inside the engine's own ``_query`` span
+        return instrumentation.instrumented(instrumentation.own_query, query_engine, bundle,
+                                            lambda bundle: self._answer(app, graph, query_engine, bundle))
+
+    def _answer(self, app: TracedApp, graph: PGraph, query_engine: Any, bundle: QueryBundle) -> Any:
         with instrumentation.query_event(query_engine, bundle, app.root_lowered) as finish:
             query_id, started = _new_query_id(), time.monotonic()
             outputs = self._run_sync(app, graph, bundle, query_id)
             if app.streaming_synthesis is not None:
-                response = self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id,
-                                                    started)
+                synth, nodes = app.streaming_synthesis.synthesizer, outputs["nodes"]
+                response = instrumentation.streamed(synth, bundle, nodes, lambda: self._streaming_response(
+                    app.streaming_synthesis, bundle, nodes, query_id, started))
             else:
                 response = outputs["response"]
             finish(response)
@@ -271,12 +279,19 @@ class TeolaExecutor:
             with framework_passthrough():
                 return await query_engine._aquery(bundle)
         app, graph = await self._aplan(query_engine)
+        if app.streaming_synthesis is None:
+            return await self._aanswer(app, graph, query_engine, bundle)
+        return await instrumentation.ainstrumented(instrumentation.own_aquery, query_engine, bundle,
+                                                   lambda bundle: self._aanswer(app, graph, query_engine, bundle))
+
+    async def _aanswer(self, app: TracedApp, graph: PGraph, query_engine: Any, bundle: QueryBundle) -> Any:
         with instrumentation.query_event(query_engine, bundle, app.root_lowered) as finish:
             query_id, started = _new_query_id(), time.monotonic()
             outputs = await self._run_async(app, graph, bundle, query_id)
             if app.streaming_synthesis is not None:
-                response = self._streaming_response(app.streaming_synthesis, bundle, outputs["nodes"], query_id,
-                                                    started, async_=True)
+                synth, nodes = app.streaming_synthesis.synthesizer, outputs["nodes"]
+                response = await instrumentation.astreamed(synth, bundle, nodes, lambda: self._streaming_response(
+                    app.streaming_synthesis, bundle, nodes, query_id, started, async_=True))
             else:
                 response = outputs["response"]
                 if isinstance(response, StreamingResponse):  # an opaque step streamed through LlamaIndex's sync path
@@ -487,14 +502,18 @@ class TeolaExecutor:
         if not nodes:  # as BaseSynthesizer: no LLM call, the empty answer as the stream
             gen = synth._empty_response_agenerator() if async_ else synth._empty_response_generator()
             return (AsyncStreamingResponse if async_ else StreamingResponse)(response_gen=gen)
-        tokens = self._token_stream(planner.build_graph(query, nodes), query_id, started, async_)
+        # the synthesis's own spans: its get_response ones (and a refine's events) open and close
+        # before the tokens are read; its LLM call's are the token run's
+        with planner.get_response_reported(query.query_str, nodes, async_):
+            graph, spans = planner.built(query, nodes)
+        tokens = self._token_stream(graph, query_id, started, async_, observer=spans.observer(graph, async_))
         metadata = synth._get_metadata_for_response([n.node for n in nodes])
         if async_:
             return AsyncStreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
         return StreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
 
     def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool,
-                      engines: EngineNeeds | None = None) -> Any:
+                      engines: EngineNeeds | None = None, observer: Any = None) -> Any:
         """A (sync or async) generator of the tokens of ``graph``'s ``stream`` output's decode,
         which runs ``graph`` (``engines`` provided first) when it is first read: plain's
         streamed model request is sent then too, so a stream nobody reads sends nothing. The
@@ -508,7 +527,7 @@ class TeolaExecutor:
         def start() -> Any:
             future = self.runtime.submit(self.runtime.execute(
                 graph, {}, query_id=query_id, timeout_s=left, on_token=tokens.put, token_nodes=token_nodes,
-                engines=engines))
+                engines=engines, observer=observer))
             future.add_done_callback(lambda _: tokens.put(_END))
             return future
 

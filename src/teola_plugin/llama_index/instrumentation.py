@@ -27,8 +27,12 @@ from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.instrumentation.events.synthesis import GetResponseEndEvent, GetResponseStartEvent
+from llama_index.core.instrumentation.events.synthesis import SynthesizeEndEvent, SynthesizeStartEvent
+from llama_index.core.response_synthesizers import base as synthesizer_base
 from llama_index.core.response_synthesizers import refine
 from llama_index.core.schema import QueryBundle
+
+from ..capture.llama_index_span_events import reports_query_event
 
 # What the span-wrapped function below runs: set for the duration of one call. A context
 # variable, not an argument, so the span's recorded arguments are LlamaIndex's own.
@@ -73,6 +77,21 @@ async def aquery(self: Any, str_or_query_bundle: Any) -> Any:
         result = await _take_run()(bundle)
     base_query_engine.dispatcher.event(QueryEndEvent(query=bundle, response=result))
     return result
+
+
+# A lowered engine's own ``_query`` span, where the executor's work outlives the graph run (a
+# synthesis that streams after it): around both, as plain's ``_query`` is.
+@base_query_engine.dispatcher.span
+def _query(self: Any, query_bundle: Any) -> Any:
+    return _take_run()(query_bundle)
+
+
+@base_query_engine.dispatcher.span
+async def _aquery(self: Any, query_bundle: Any) -> Any:
+    return await _take_run()(query_bundle)
+
+
+own_query, own_aquery = _query, _aquery
 
 
 @base_retriever.dispatcher.span
@@ -123,21 +142,12 @@ async def ainstrumented(method: Any, target: Any, str_or_query_bundle: Any,
         _RUN.reset(token)
 
 
-def _reports_query_event(engine: Any) -> bool:
-    """Does ``engine``'s own ``_query`` / ``_aquery`` wrap its work in a ``QUERY`` callback
-    event (LlamaIndex's own engines that Teola lowers, by their source)?"""
-    from llama_index.core.query_engine import (CitationQueryEngine, RetrieverQueryEngine, RouterQueryEngine,
-                                               SubQuestionQueryEngine)
-
-    return type(engine) in (RetrieverQueryEngine, CitationQueryEngine, SubQuestionQueryEngine, RouterQueryEngine)
-
-
 @contextlib.contextmanager
 def query_event(engine: Any, bundle: QueryBundle, lowered: bool) -> Iterator[Callable[[Any], None]]:
     """The callback ``QUERY`` event ``engine``'s own ``_query`` opens, around a lowered run of
     it (an engine running its own code reports its own); yields ``finish(response)``, which
     ends it with the response as plain does. An exception is reported as plain's is."""
-    if not lowered or not _reports_query_event(engine):
+    if not lowered or not reports_query_event(engine):
         yield lambda response: None
         return
     with engine.callback_manager.event(CBEventType.QUERY, payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
@@ -222,3 +232,55 @@ async def aanswered(synthesizer: Any, query_str: str, text_chunks: Sequence[str]
         return await method.__get__(synthesizer, type(synthesizer))(query_str, text_chunks)
     finally:
         _ANSWER.reset(token)
+
+
+# -- a streaming synthesis the executor builds after the graph ----------------------------------
+# A lowered query's streaming synthesizer runs after its graph (which returned the nodes): the
+# executor builds the StreamingResponse itself, inside the ``synthesize`` span plain opens
+# (``asynthesize`` for ``aquery``) with its events and ``SYNTHESIZE`` callback event, which
+# end when the response is returned, before its tokens are read, as plain's do.
+_SYNTHESIS: contextvars.ContextVar[Callable[[], Any] | None] = contextvars.ContextVar("teola_synthesis", default=None)
+
+
+def _synthesize_as_plain(self: Any, query: Any, nodes: Sequence[Any]) -> Any:
+    run = _take(_SYNTHESIS, "streamed()")
+    synthesizer_base.dispatcher.event(SynthesizeStartEvent(query=query))
+    if not nodes:  # no LLM call and no callback event: the empty answer
+        response = run()
+    else:
+        bundle = _bundle(query)
+        with self._callback_manager.event(CBEventType.SYNTHESIZE,
+                                          payload={EventPayload.QUERY_STR: bundle.query_str}) as event:
+            response = run()
+            event.on_end(payload={EventPayload.RESPONSE: response})
+    synthesizer_base.dispatcher.event(SynthesizeEndEvent(query=query, response=response))
+    return response
+
+
+@synthesizer_base.dispatcher.span
+def synthesize(self: Any, query: Any, nodes: Sequence[Any], additional_source_nodes: Any = None,
+               **response_kwargs: Any) -> Any:
+    return _synthesize_as_plain(self, query, nodes)
+
+
+@synthesizer_base.dispatcher.span
+async def asynthesize(self: Any, query: Any, nodes: Sequence[Any], additional_source_nodes: Any = None,
+                      **response_kwargs: Any) -> Any:
+    return _synthesize_as_plain(self, query, nodes)
+
+
+def streamed(synthesizer: Any, query: Any, nodes: Sequence[Any], run: Callable[[], Any]) -> Any:
+    """``run()`` (the executor's streaming response) inside plain's ``synthesize`` span and events."""
+    token = _SYNTHESIS.set(run)
+    try:
+        return synthesize.__get__(synthesizer, type(synthesizer))(query, nodes)
+    finally:
+        _SYNTHESIS.reset(token)
+
+
+async def astreamed(synthesizer: Any, query: Any, nodes: Sequence[Any], run: Callable[[], Any]) -> Any:
+    token = _SYNTHESIS.set(run)
+    try:
+        return await asynthesize.__get__(synthesizer, type(synthesizer))(query, nodes)
+    finally:
+        _SYNTHESIS.reset(token)
