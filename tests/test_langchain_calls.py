@@ -128,6 +128,26 @@ def test_a_run_name_bound_with_config_names_the_run_as_plain(runtime):
     assert teola_run.name == plain_run.name == "my_chain" and "mine" in teola_run.tags
 
 
+def test_with_config_on_the_wrapper_replaces_a_configured_chains_config_as_plain(runtime):
+    """``with_config`` of a chain that is itself configured replaces its tags, metadata and run
+    name (a RunnableBinding's keys), on the wrapper as on the chain; of any other chain it adds
+    a binding around it, as plain's."""
+    configured = (RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)).with_config(
+        run_name="first", tags=["outer"], metadata={"user": "u1"})
+    bare = RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)
+    for chain in (configured, bare):
+        seen = []
+        for target in (chain, TeolaRunnable(chain, runtime=runtime)):
+            again = target.with_config(run_name="again", tags=["t2"], metadata={"user": "u2"})
+            with collect_runs() as runs:
+                assert again.invoke(1) == 4
+            (run,) = runs.traced_runs
+            seen.append((run.name, sorted(run.tags), run.extra["metadata"].get("user"),
+                         [sorted(child.tags) for child in run.child_runs]))
+        plain, teola = seen
+        assert teola == plain and plain[:3] == ("again", ["t2"], "u2")
+
+
 def test_a_langgraph_graphs_own_api_is_reachable_through_the_wrapper(runtime):
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import END, START, StateGraph

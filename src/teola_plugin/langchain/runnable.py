@@ -91,6 +91,15 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         super().__init__(chain=chain, runtime=runtime, passes=None if passes is None else list(passes),
                          disabled=list(disabled), **kwargs)
 
+    def with_config(self, config: RunnableConfig | None = None, **kwargs: Any) -> Runnable[Any, Any]:
+        """Configured as the chain's own ``with_config`` configures it: a chain that is itself
+        configured (a ``RunnableBinding``) replaces its config's keys (tags, metadata, run
+        name), it does not add to them; run by Teola with the same settings."""
+        if not isinstance(self.chain, RunnableBinding):
+            return super().with_config(config, **kwargs)
+        return TeolaRunnable(self.chain.with_config(config, **kwargs), runtime=self.runtime, passes=self.passes,
+                             disabled=self.disabled, timeout_s=self.timeout_s, cost_model=self.cost_model)
+
     # -- what runs ---------------------------------------------------------------------------
     def teola_runtime(self) -> Runtime:
         if self.runtime is None:
