@@ -32,7 +32,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
-from .llama_index_span_events import QueryEvents, RetrieveEvents, SynthesizeEvents
+from .llama_index_span_events import QueryEvents, retrieve_events, synthesize_events
 from .llama_index_spans import SpanPlan
 from .module_order import ModuleOrder
 from .opaque_warnings import OpaqueWarnings
@@ -272,7 +272,7 @@ class LlamaIndexTracer:
         # Lowered, its primitives report the spans of its ``retrieve`` (with its events; the
         # entry point reports a root retriever's) and ``_retrieve``.
         retrieve_span = self.spans.span(retriever, "retrieve", args=lambda v: {"str_or_query_bundle": v(self.query)},
-                                        events=RetrieveEvents(retriever, self.query)) \
+                                        events=retrieve_events(retriever, self.query)) \
             if not root else contextlib.nullcontext()
         with retrieve_span as outer, self.spans.span(retriever, "_retrieve",
                                                      args=lambda v: {"query_bundle": v(self.query)}) as inner:
@@ -308,7 +308,7 @@ class LlamaIndexTracer:
     def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
         # Lowered, its primitives report its ``synthesize`` span, with its events.
         with self.spans.span(synthesizer, "synthesize", args=lambda v: {"query": v(self.query), "nodes": v(nodes)},
-                             events=SynthesizeEvents(synthesizer, self.query)) as span:
+                             events=synthesize_events(synthesizer, self.query)) as span:
             lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
             _returns(lowered if lowered is not _DECLINED else None, span)
         if lowered is not _DECLINED:

@@ -1,6 +1,6 @@
 """The events plain LlamaIndex fires inside the spans a lowered query reports
-(``llama_index_spans.py``): each class is one span's ``start(values) -> state``,
-``end(state, result)`` and ``failed(state, exc)``, firing what the method fires, in its order
+(``llama_index_spans.py``): each is one span's ``start(values) -> state``,
+``end(state, result, values)`` and ``failed(state, exc)``, firing what the method fires, in its order
 (the dispatcher's start / end events, the callback manager's event with its payloads)."""
 
 from __future__ import annotations
@@ -39,27 +39,47 @@ class CallbackEvent:
 
 
 @dataclass(frozen=True)
-class RetrieveEvents:
-    """``BaseRetriever.retrieve``: ``RetrievalStartEvent``, the ``RETRIEVE`` callback event
-    (query string -> nodes), ``RetrievalEndEvent``."""
+class ComponentEvents:
+    """A component method's events: the dispatcher's start event (of the query), the component's
+    callback event (query string -> the method's result under ``result_key``), the end event."""
 
-    retriever: Any
+    component: Any
     query: Ref
+    dispatcher: Any
+    event_type: CBEventType
+    result_key: EventPayload
+    start_event: Callable[[Any], Any]  # query -> event
+    end_event: Callable[[Any, Any], Any]  # query, result -> event
 
     def start(self, values: Callable[[Ref], Any]) -> Any:
         query = values(self.query)
-        base_retriever.dispatcher.event(RetrievalStartEvent(str_or_query_bundle=query))
+        self.dispatcher.event(self.start_event(query))
         return self._callback().start({EventPayload.QUERY_STR: query.query_str})
 
-    def end(self, event_id: Any, nodes: Any, values: Callable[[Ref], Any]) -> None:
-        self._callback().end(event_id, {EventPayload.NODES: nodes})
-        base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=values(self.query), nodes=nodes))
+    def end(self, event_id: Any, result: Any, values: Callable[[Ref], Any]) -> None:
+        self._callback().end(event_id, {self.result_key: result})
+        self.dispatcher.event(self.end_event(values(self.query), result))
 
     def failed(self, event_id: Any, exc: BaseException) -> None:
         self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
 
     def _callback(self) -> CallbackEvent:
-        return CallbackEvent(self.retriever.callback_manager, CBEventType.RETRIEVE)
+        return CallbackEvent(self.component.callback_manager, self.event_type)
+
+
+def retrieve_events(retriever: Any, query: Ref) -> ComponentEvents:
+    """``BaseRetriever.retrieve``'s: ``RetrievalStartEvent``, ``RETRIEVE`` (-> nodes), ``RetrievalEndEvent``."""
+    return ComponentEvents(retriever, query, base_retriever.dispatcher, CBEventType.RETRIEVE, EventPayload.NODES,
+                           lambda q: RetrievalStartEvent(str_or_query_bundle=q),
+                           lambda q, nodes: RetrievalEndEvent(str_or_query_bundle=q, nodes=nodes))
+
+
+def synthesize_events(synthesizer: Any, query: Ref) -> ComponentEvents:
+    """``BaseSynthesizer.synthesize``'s: ``SynthesizeStartEvent``, ``SYNTHESIZE`` (-> response),
+    ``SynthesizeEndEvent``."""
+    return ComponentEvents(synthesizer, query, synthesizer_base.dispatcher, CBEventType.SYNTHESIZE,
+                           EventPayload.RESPONSE, lambda q: SynthesizeStartEvent(query=q),
+                           lambda q, response: SynthesizeEndEvent(query=q, response=response))
 
 
 def reports_query_event(engine: Any) -> bool:
@@ -99,30 +119,6 @@ class QueryEvents:
 
     def _callback(self) -> CallbackEvent:
         return CallbackEvent(self.engine.callback_manager, CBEventType.QUERY)
-
-
-@dataclass(frozen=True)
-class SynthesizeEvents:
-    """``BaseSynthesizer.synthesize``: ``SynthesizeStartEvent``, the ``SYNTHESIZE`` callback
-    event (query string -> response), ``SynthesizeEndEvent``."""
-
-    synthesizer: Any
-    query: Ref
-
-    def start(self, values: Callable[[Ref], Any]) -> Any:
-        query = values(self.query)
-        synthesizer_base.dispatcher.event(SynthesizeStartEvent(query=query))
-        return self._callback().start({EventPayload.QUERY_STR: query.query_str})
-
-    def end(self, event_id: Any, response: Any, values: Callable[[Ref], Any]) -> None:
-        self._callback().end(event_id, {EventPayload.RESPONSE: response})
-        synthesizer_base.dispatcher.event(SynthesizeEndEvent(query=values(self.query), response=response))
-
-    def failed(self, event_id: Any, exc: BaseException) -> None:
-        self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
-
-    def _callback(self) -> CallbackEvent:
-        return CallbackEvent(self.synthesizer.callback_manager, CBEventType.SYNTHESIZE)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ class FrameworkSpan:
     """One span plain LlamaIndex opens: ``instance.method``, named ``<Class>.<method>-<uuid>``
     on ``dispatcher``. ``args(values)``: its call's arguments; ``result``: the ref of what the
     method returns; ``events``: the start / end events it fires (``start(values) -> state``,
-    ``end(state, result, values)``, ``failed(state, exc)``: ``llama_index_span_events.py``); ``label``: how code firing an event of
-    it finds it (:func:`span_id_of`)."""
+    ``end(state, result, values)``, ``failed(state, exc)``: ``llama_index_span_events.py``);
+    ``label``: how code firing an event of it finds it (:func:`span_id_of`)."""
 
     instance: Any
     method: str
