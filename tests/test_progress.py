@@ -67,14 +67,14 @@ def test_node_progress_counts_only_batches_that_asked_and_each_node_once(capsys)
 
 
 def test_a_claims_bar_advances_per_shard_and_closes_when_all_are_stored(monkeypatch, capsys):
-    from types import SimpleNamespace
-
     from llama_index.core.schema import TextNode
 
     from teola_plugin.llama_index import pending_ingestion as ingest
+    from tests.test_llama_index_ingest import StubIndex
 
     monkeypatch.setattr(ingest, "_ADD_NODES", lambda index, struct, nodes, **kw: None)
-    state = PendingIngestion(SimpleNamespace(_index_struct=None, __dict__={}))
+    index = StubIndex(_index_struct=None)
+    state = PendingIngestion(index)
     nodes = [TextNode(id_=f"n{i}", text=f"t{i}") for i in range(6)]
     state.add(ingest.PendingBatch("struct", nodes, show_progress=True))
     try:
