@@ -41,6 +41,7 @@ from .llama_index import (
 from .llama_index_llm_events import CompleteEvents
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
+from .llama_index_spans import model_call_spans, unspanned
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
 
@@ -80,11 +81,14 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
     request = tr.add(Op.FORMAT, name=tr.graph.unique_name("query_gen_prompt"), inputs={"query": tr.query},
                      attrs={"render": framework_call(prompt)}, origin=origin).out()
     est_tokens = len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16
-    decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
-                           est_items=fusion.num_queries - 1)
-    events = CompleteEvents.of(fusion._llm, prompt_text)
-    if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
-        events.add_steps(tr.graph, {"query": tr.query}, decode, origin)
+    outer_span, inner_spans = model_call_spans(tr.spans.span, fusion._llm, "complete")  # the model's own spans
+    with outer_span:
+        with inner_spans:
+            decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
+                                   est_items=fusion.num_queries - 1)
+        events = CompleteEvents.of(fusion._llm, prompt_text)
+        if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
+            events.add_steps(tr.graph, {"query": tr.query}, decode, origin)
     return decode.out("text"), decode.out("items")
 
 
@@ -134,7 +138,8 @@ class FusionReplay:
             return [n.model_copy() for n in nodes]
 
         replay = _Replay(fusion, text, results_for)
-        nodes = type(fusion)._retrieve(replay, query)
+        # its own code without its span: the graph reports the ``_retrieve`` span it stands for
+        nodes = unspanned(fusion, "_retrieve", bound_to=replay)(query)
         return fusion._handle_recursive_retrieval(query, nodes)  # BaseRetriever.retrieve's last step
 
 

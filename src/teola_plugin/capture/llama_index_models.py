@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from llama_index.core.indices.document_summary.retrievers import DocumentSummaryIndexEmbeddingRetriever
@@ -34,6 +35,7 @@ from ..runtime.engine_needs import EngineNeeds
 from .llama_index import RETRIEVER_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .embedder_identity import embedder_serving
 from .llama_index_served import ServedRequests, is_served_llm
+from .llama_index_spans import unspanned
 from .lowerable import LLMCallSpec, LowerableEmbedding, LowerableLLM
 from .overrides import overridden_lowered_calls
 from .vllm_identity import engine_serving, served_models
@@ -77,8 +79,7 @@ def _register_bm25() -> None:
 
     @lowering_rule(RETRIEVER_RULES, BM25Retriever)
     def lower_bm25(tr: LlamaIndexTracer, retriever: BM25Retriever) -> Ref:
-        return tr.cpu_step("bm25_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
-                           type(retriever).__name__)
+        return tr.cpu_step("bm25_retrieve", own_retrieve(retriever), {"query": tr.query}, type(retriever).__name__)
 
 
 _register_bm25()
@@ -89,8 +90,17 @@ def lower_cpu_index_retriever(tr: LlamaIndexTracer, retriever: Any) -> Ref:
     """Retrievers that read their own index without a model (every node of a summary index,
     a keyword table's lookup of regex / RAKE keywords): no engine work, so a CPU step calling
     its own ``retrieve`` (the synthesis after it is lowered as any query engine's)."""
-    return tr.cpu_step("index_retrieve", lambda query: retriever.retrieve(query), {"query": tr.query},
-                       type(retriever).__name__, pure=False)
+    return tr.cpu_step("index_retrieve", own_retrieve(retriever), {"query": tr.query}, type(retriever).__name__,
+                       pure=False)
+
+
+def own_retrieve(retriever: Any) -> Callable[[QueryBundle], list[Any]]:
+    """``retriever.retrieve`` without its instrumentation: the graph reports its spans and
+    events (``llama_index_spans.py``)."""
+    def retrieve(query: QueryBundle) -> list[Any]:
+        return retriever._handle_recursive_retrieval(query, unspanned(retriever, "_retrieve")(query))
+
+    return retrieve
 
 
 @lowering_rule(RETRIEVER_RULES, DocumentSummaryIndexEmbeddingRetriever)
@@ -103,7 +113,7 @@ def lower_document_summary_retriever(tr: LlamaIndexTracer, retriever: DocumentSu
     def retrieve(query: QueryBundle, vector: list[Any]) -> list[Any]:
         # plain sets the embedding on the query; a query with no text is searched without one
         with_embedding = dataclasses.replace(query, embedding=vector[0]) if vector else query
-        return retriever._handle_recursive_retrieval(query, retriever._retrieve(with_embedding))
+        return retriever._handle_recursive_retrieval(query, unspanned(retriever, "_retrieve")(with_embedding))
 
     return tr.cpu_step("summary_retrieve", retrieve, {"query": tr.query, "vector": vector}, origin, pure=False)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
 from llama_index.core.postprocessor import (
     FixedRecencyPostprocessor,
@@ -52,6 +53,7 @@ from .llama_index import (
 )
 from .llama_index_ingest import join_pending
 from .llama_index_models import llm_call_spec
+from .llama_index_span_events import callback_event
 from .llama_index_synthesis import LLM_SYNTHESIZERS, SynthesisPlanner
 from .lowerable import LowerableLLM
 
@@ -93,11 +95,15 @@ def lower_citation_query_engine(tr: LlamaIndexTracer, engine: CitationQueryEngin
     """``CitationQueryEngine``: its ``retrieve`` (retriever -> node postprocessors) -> its own
     ``_create_citation_nodes`` (each node split into numbered "Source N:" chunks) -> the
     response synthesizer with its citation prompts; the answer's sources are those chunks."""
-    nodes = tr.lower_retriever(engine._retriever)
-    for postprocessor in engine._node_postprocessors:
-        nodes = tr.lower_postprocessor(postprocessor, nodes)
-    cited = tr.cpu_step("citation_nodes", lambda nodes: engine._create_citation_nodes(nodes), {"nodes": nodes},
-                        type(engine).__name__)
+    # its _query's own RETRIEVE callback event, around its retrieve and the citation nodes
+    with tr.spans.span(engine, "_query", reported=False,
+                       events=callback_event(engine, tr.query, CBEventType.RETRIEVE, EventPayload.NODES)) as scope:
+        nodes = tr.lower_retriever(engine._retriever)
+        for postprocessor in engine._node_postprocessors:
+            nodes = tr.lower_postprocessor(postprocessor, nodes)
+        cited = tr.cpu_step("citation_nodes", lambda nodes: engine._create_citation_nodes(nodes), {"nodes": nodes},
+                            type(engine).__name__)
+        scope.result = cited
     response = tr.lower_synthesizer(engine._response_synthesizer, cited)
     return {"nodes": cited} if response is None else {"response": response, "nodes": cited}
 

@@ -41,24 +41,27 @@ class CallbackEvent:
 @dataclass(frozen=True)
 class ComponentEvents:
     """A component method's events: the dispatcher's start event (of the query), the component's
-    callback event (query string -> the method's result under ``result_key``), the end event."""
+    callback event (query string -> the method's result under ``result_key``), the end event
+    (``dispatcher`` None: the callback event alone)."""
 
     component: Any
     query: Ref
     dispatcher: Any
     event_type: CBEventType
     result_key: EventPayload
-    start_event: Callable[[Any], Any]  # query -> event
-    end_event: Callable[[Any, Any], Any]  # query, result -> event
+    start_event: Callable[[Any], Any] | None = None  # query -> event
+    end_event: Callable[[Any, Any], Any] | None = None  # query, result -> event
 
     def start(self, values: Callable[[Ref], Any]) -> Any:
         query = values(self.query)
-        self.dispatcher.event(self.start_event(query))
+        if self.dispatcher is not None:
+            self.dispatcher.event(self.start_event(query))
         return self._callback().start({EventPayload.QUERY_STR: query.query_str})
 
     def end(self, event_id: Any, result: Any, values: Callable[[Ref], Any]) -> None:
         self._callback().end(event_id, {self.result_key: result})
-        self.dispatcher.event(self.end_event(values(self.query), result))
+        if self.dispatcher is not None:
+            self.dispatcher.event(self.end_event(values(self.query), result))
 
     def failed(self, event_id: Any, exc: BaseException) -> None:
         self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
@@ -72,6 +75,12 @@ def retrieve_events(retriever: Any, query: Ref) -> ComponentEvents:
     return ComponentEvents(retriever, query, base_retriever.dispatcher, CBEventType.RETRIEVE, EventPayload.NODES,
                            lambda q: RetrievalStartEvent(str_or_query_bundle=q),
                            lambda q, nodes: RetrievalEndEvent(str_or_query_bundle=q, nodes=nodes))
+
+
+def callback_event(component: Any, query: Ref, event_type: CBEventType, result_key: EventPayload) -> ComponentEvents:
+    """A callback event ``component``'s own code opens around part of its work (query string ->
+    its result), with no span or dispatcher event of its own."""
+    return ComponentEvents(component, query, None, event_type, result_key)
 
 
 def synthesize_events(synthesizer: Any, query: Ref) -> ComponentEvents:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import uuid
@@ -74,12 +75,14 @@ class SpanPlan:
     _open: list[FrameworkSpan] = field(default_factory=list)
 
     @contextlib.contextmanager
-    def span(self, instance: Any, method: str, **kwargs: Any) -> Iterator[FrameworkSpan | None]:
+    def span(self, instance: Any, method: str, *, reported: bool = True, **kwargs: Any
+             ) -> Iterator[FrameworkSpan | None]:
         """Primitives added to the graph inside (and not claimed by a span opened inside
         this one) stand for ``instance.method``'s span; None (and no span) when LlamaIndex
-        does not instrument that method."""
-        dispatcher = dispatcher_of(instance, method)
-        if dispatcher is None:
+        does not instrument that method. Not ``reported``: a scope of ``events`` only (a
+        callback event a method opens around part of its work, in no span of its own)."""
+        dispatcher = dispatcher_of(instance, method) if reported else None
+        if dispatcher is None and reported:
             yield None
             return
         span = FrameworkSpan(instance, method, dispatcher, parent=self._open[-1] if self._open else None, **kwargs)
@@ -166,6 +169,28 @@ def nested_depth(instance: Any, method: str) -> int:
             break
         depth += 1
     return depth
+
+
+def unspanned(instance: Any, method: str, bound_to: Any = None) -> Callable[..., Any]:
+    """``instance.method`` without the span LlamaIndex wraps it in: a lowering's step running a
+    component's own code whose span the graph already reports (a retriever's ``_retrieve``);
+    ``bound_to``: the object it runs on instead of ``instance`` (a stand-in for it)."""
+    return functools.partial(inspect.unwrap(getattr(type(instance), method)),
+                             instance if bound_to is None else bound_to)
+
+
+def model_call_spans(open_span: Callable[..., Any], llm: Any, method: str) -> tuple[Any, Any]:
+    """(outer, inner): ``open_span``'s contexts for a model's ``method`` (``chat``,
+    ``complete``): its outermost span, where its events fire (label ``llm``), and inside it the
+    spans of the instrumented overrides it calls (:func:`nested_depth`), where the engine call sits."""
+    @contextlib.contextmanager
+    def inner() -> Iterator[None]:
+        with contextlib.ExitStack() as overrides:
+            for _ in range(nested_depth(llm, method) - 1):
+                overrides.enter_context(open_span(llm, method))
+            yield
+
+    return open_span(llm, method, label="llm"), inner()
 
 
 def dispatcher_of(instance: Any, method: str) -> Any:
@@ -300,11 +325,12 @@ class SpanRun:
         parent = self._open(parent_span) if parent_span is not None else None
         parent_id = parent.id_ if parent is not None else active_span_id.get()
         instance, method, dispatcher = span.instance, span.method, span.dispatcher
-        if self.async_ and getattr(type(instance), async_name(method), None) is not None:
+        if dispatcher is not None and self.async_ and getattr(type(instance), async_name(method), None) is not None:
             method = async_name(method)
             dispatcher = dispatcher_of(instance, method)
-        if dispatcher is None:  # plain's async path opens no span here (a refine program's acall)
+        if dispatcher is None:  # events only, or plain's async path opens no span here (a refine program's acall)
             opened = self.opened[span] = _Opened(span, parent_id, _NO_ARGS, parent, reported=False)
+            self._start_events(opened)
             return opened
         try:
             bound = inspect.signature(getattr(instance, method)).bind_partial(**span.args(self._value))
@@ -315,31 +341,34 @@ class SpanRun:
         self.opened[span] = opened
         tags = active_instrument_tags.get() if active_instrument_tags is not None else None
         dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
-        if span.events is not None:
-            with _active(opened), _reporting(span, "start"):
-                opened.state = span.events.start(self._value)
+        self._start_events(opened)
         return opened
+
+    def _start_events(self, opened: _Opened) -> None:
+        if opened.span.events is not None:
+            with _active(opened), _reporting(opened.span, "start"):
+                opened.state = opened.span.events.start(self._value)
 
     def _close(self, opened: _Opened) -> None:
         opened.closed = True
-        if not opened.reported:
-            return
         span = opened.span
         result = self._value(span.result) if span.result is not None else None
         if span.events is not None:
             with _active(opened), _reporting(span, "end"):
                 span.events.end(opened.state, result, self._value)
+        if not opened.reported:
+            return
         opened.dispatcher.span_exit(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
                                     result=result)
 
     def _drop(self, opened: _Opened, error: BaseException) -> None:
         opened.closed = True
-        if not opened.reported:
-            return
         span = opened.span
         if span.events is not None:
             with _active(opened), _reporting(span, "failure"):
                 span.events.failed(opened.state, error)
+        if not opened.reported:
+            return
         opened.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
         opened.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
                                     err=error)

@@ -46,7 +46,7 @@ from ..ir.expansion import Expansion
 from .llama_index import framework_call
 from .llama_index_llm_events import LLMEvents
 from .llama_index_span_events import GetResponseEvents
-from .llama_index_spans import SpanPlan, instant_span, nested_depth, span_in_building
+from .llama_index_spans import SpanPlan, instant_span, model_call_spans, span_in_building
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
 from .prompt_parts import marked_parts
@@ -132,14 +132,17 @@ class SynthesisPlanner:
         return Expansion(graph, {}, observer=plan.observer(graph))
 
     def built(self, query: QueryBundle, nodes: list[NodeWithScore],
-              additional_source_nodes: list[NodeWithScore] = ()) -> tuple[PGraph, SpanPlan]:
-        """:meth:`build_graph` and the plan of the spans its primitives stand for."""
+              additional_source_nodes: list[NodeWithScore] = (), refine_chunks: list[str] | None = None
+              ) -> tuple[PGraph, SpanPlan]:
+        """:meth:`build_graph` and the plan of the spans its primitives stand for; a streaming
+        synthesis's ``refine_chunks`` are :meth:`get_response_reported`'s."""
         synth = self.synthesizer
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
         graph = PGraph(f"{type(synth).__name__}")
         plan = SpanPlan(graph)
         # a streaming synthesis's get_response spans close before its run (get_response_reported)
-        spans = self._get_response_spans(query.query_str, texts) if not self.streaming else contextlib.nullcontext()
+        spans = (self._get_response_spans(query.query_str, texts) if not self.streaming
+                 else contextlib.nullcontext(refine_chunks))
         with plan.building(), spans as chunks:
             self._answer(graph, query.query_str, texts, chunks)
         if not self.streaming:
@@ -152,10 +155,11 @@ class SynthesisPlanner:
         return self.prepare(graph), plan
 
     @contextlib.contextmanager
-    def get_response_reported(self, query_str: str, nodes: list[NodeWithScore], async_: bool) -> Iterator[None]:
+    def get_response_reported(self, query_str: str, nodes: list[NodeWithScore], async_: bool
+                              ) -> Iterator[list[str] | None]:
         """A streaming synthesis's ``get_response`` spans (a refine's events with them), opened
-        and closed around the planning of its calls: plain's return the token generator before
-        any token is read."""
+        and closed around the planning of its calls (plain's return the token generator before
+        any token is read); yields the refine chunks (compacted once, as plain does)."""
         synth = self.synthesizer
         method = "aget_response" if async_ else "get_response"
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
@@ -168,7 +172,7 @@ class SynthesisPlanner:
             events = GetResponseEvents(query_str, chunks) if chunks is not None else None
             if events is not None:
                 events.start(lambda ref: None)
-            yield
+            yield chunks
             if events is not None:
                 events.end(None, None, lambda ref: None)
 
@@ -202,9 +206,17 @@ class SynthesisPlanner:
         """``get_response(query_str, texts)``'s calls: output ``out`` is the answer text it
         returns; when streaming, the final decode is also output ``stream``. ``refine_chunks``:
         :meth:`refine_chunks`' result when the caller has it."""
+        return self.answer_calls(query_str, texts, refine_chunks, prepare)[0]
+
+    def answer_calls(self, query_str: str, texts: list[str], refine_chunks: list[str] | None = None,
+                     prepare: bool = True) -> tuple[PGraph, SpanPlan]:
+        """:meth:`answer_graph` and the plan of its LLM calls' spans (a caller inside plain's
+        ``get_response`` spans: ``instrumentation.answered``)."""
         graph = PGraph(f"{type(self.synthesizer).__name__}")
-        self._answer(graph, query_str, texts, refine_chunks)
-        return self.prepare(graph) if prepare else graph
+        plan = SpanPlan(graph)
+        with plan.building():
+            self._answer(graph, query_str, texts, refine_chunks)
+        return (self.prepare(graph) if prepare else graph), plan
 
     def _answer(self, graph: PGraph, query_str: str, texts: list[str], refine_chunks: list[str] | None) -> None:
         synth = self.synthesizer
@@ -383,13 +395,9 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
         prompt = graph.add(Op.FORMAT, name=graph.unique_name("prompt"), origin=origin,
                            attrs={"render": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args))})
         size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
-        depth = nested_depth(llm, inner)
-        # the outermost model span (the callback decorator's) holds its events; the engine call
-        # sits in the innermost
-        with span_in_building(llm, inner, label="llm"):
-            with contextlib.ExitStack() as overrides:
-                for _ in range(depth - 1):
-                    overrides.enter_context(span_in_building(llm, inner))
+        outer_span, inner_spans = model_call_spans(span_in_building, llm, inner)
+        with outer_span:
+            with inner_spans:
                 decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN,
                                        always_streamed=streamed)
             text = decode.out("text")  # the decode's own: a caller may stream its tokens

@@ -504,8 +504,8 @@ class TeolaExecutor:
             return (AsyncStreamingResponse if async_ else StreamingResponse)(response_gen=gen)
         # the synthesis's own spans: its get_response ones (and a refine's events) open and close
         # before the tokens are read; its LLM call's are the token run's
-        with planner.get_response_reported(query.query_str, nodes, async_):
-            graph, spans = planner.built(query, nodes)
+        with planner.get_response_reported(query.query_str, nodes, async_) as chunks:
+            graph, spans = planner.built(query, nodes, refine_chunks=chunks)
         tokens = self._token_stream(graph, query_id, started, async_, observer=spans.observer(graph, async_))
         metadata = synth._get_metadata_for_response([n.node for n in nodes])
         if async_:
@@ -581,11 +581,12 @@ class TeolaExecutor:
         except NotLowerable:
             return None
         chunks = planner.refine_chunks(query_str, list(text_chunks))  # compacted once, as plain does
-        answer = Trace(planner.answer_graph(query_str, list(text_chunks), refine_chunks=chunks), engines=needs)
+        graph, spans = planner.answer_calls(query_str, list(text_chunks), refine_chunks=chunks)
+        answer = Trace(graph, engines=needs)
         if synthesizer._streaming:
             def stream() -> Any:
                 return self._token_stream(answer.graph, _new_query_id(), time.monotonic(), async_=async_,
-                                          engines=answer.engines)
+                                          engines=answer.engines, observer=spans.observer(graph, async_))
 
             if not async_:
                 return PlannedAnswer(stream, chunks)
@@ -595,14 +596,17 @@ class TeolaExecutor:
             return PlannedAnswer(astream, chunks)
         if async_:
             async def arun() -> Any:
-                return await self.runtime.run_async(self._run_answer(answer, _new_query_id()))
+                return await self.runtime.run_async(self._run_answer(answer, _new_query_id(),
+                                                                     spans.observer(graph, True)))
             return PlannedAnswer(arun, chunks)
-        return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(answer, _new_query_id())), chunks)
+        return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(answer, _new_query_id(),
+                                                                           spans.observer(graph, False))), chunks)
 
-    async def _run_answer(self, answer: Trace, query_id: str) -> Any:
+    async def _run_answer(self, answer: Trace, query_id: str, observer: Any = None) -> Any:
+        """``observer``: the LLM calls' spans (inside plain's ``get_response`` ones, around this run)."""
         self.last_query_id = query_id
         outputs = await self.runtime.execute(answer.graph, {}, query_id=query_id, timeout_s=self.timeout_s,
-                                             engines=answer.engines)
+                                             engines=answer.engines, observer=observer)
         return outputs["out"]
 
 
