@@ -1447,11 +1447,13 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
     """The query engine a HyDE ``TransformQueryEngine`` runs reports its own ``query`` span,
     ``QueryStart`` / ``End`` and ``QUERY`` callback event, as plain's ``engine.query`` does;
     a streaming query reports its retrieval and its ``synthesize`` span and events (which end
-    when the response is returned, before its tokens are read), as plain's."""
+    when the response is returned, before its tokens are read); a ``CitationQueryEngine`` its
+    own ``RETRIEVE``; a chat engine's answer its LLM call's spans, all as plain's."""
     from llama_index.core import get_response_synthesizer
     from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+    from llama_index.core.chat_engine import ContextChatEngine
     from llama_index.core.indices.query.query_transform import HyDEQueryTransform
-    from llama_index.core.query_engine import RetrieverQueryEngine, TransformQueryEngine
+    from llama_index.core.query_engine import CitationQueryEngine, RetrieverQueryEngine, TransformQueryEngine
     from llama_index.core.retrievers import VectorIndexRetriever
 
     debug = LlamaDebugHandler(print_trace_on_end=False)
@@ -1465,22 +1467,41 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
 
     hyde = TransformQueryEngine(engine(), HyDEQueryTransform(llm=llm), callback_manager=callbacks)
     streaming = engine(streaming=True)
+    citation = CitationQueryEngine(VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks),
+                                   llm=llm, callback_manager=callbacks)
+    chat = ContextChatEngine.from_defaults(
+        VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks), llm=llm)
+
+    def chatted(target, question):  # the chat engine's own code under the executor, its calls on Teola
+        Settings.executor = executor
+        try:
+            return target.chat(question)
+        finally:
+            Settings.executor = None
+
     plain_gets_teolas_replies(recording_proxy)
     seen = {}
     with SpanTree() as tree:
-        for name, target, run in (("teola hyde", hyde, executor.query), ("plain hyde", hyde, None),
-                                  ("teola stream", streaming, executor.query), ("plain stream", streaming, None)):
-            debug.flush_event_logs()
-            response = run(target, QUESTIONS[0]) if run else target.query(QUESTIONS[0])
-            text = "".join(response.response_gen) if hasattr(response, "response_gen") else str(response)
-            spans, events = tree.take()
-            events = [e for e in events if e[0] != "LLMChatInProgressEvent"]  # per token: not reported (documented)
-            seen[name] = (text, sorted(spans), sorted(events), sorted(e.event_type.value for e in debug.get_events()))
-    for kind in ("hyde", "stream"):
+        for kind, target, run in (("hyde", hyde, executor.query), ("stream", streaming, executor.query),
+                                  ("citation", citation, executor.query), ("chat", chat, chatted)):
+            for name, call in (("teola", run), ("plain", lambda t, q: t.chat(q) if kind == "chat" else t.query(q))):
+                if kind == "chat":
+                    chat.reset()
+                    tree.take()
+                debug.flush_event_logs()
+                response = call(target, QUESTIONS[0])
+                text = "".join(response.response_gen) if kind == "stream" else str(response)
+                spans, events = tree.take()
+                events = [e for e in events if e[0] != "LLMChatInProgressEvent"]  # per token: not reported (documented)
+                seen[f"{name} {kind}"] = (text, sorted(spans), sorted(events),
+                                          sorted(e.event_type.value for e in debug.get_events()))
+    for kind in ("hyde", "stream", "citation", "chat"):
         plain, teola = seen["plain " + kind], seen["teola " + kind]
         assert teola == plain and plain[0]
     assert ("open", "RetrieverQueryEngine.query", "TransformQueryEngine._query") in seen["plain hyde"][1]
     assert ("QueryStartEvent", "RetrieverQueryEngine.query") in seen["plain hyde"][2]
     assert ("SynthesizeEndEvent", "CompactAndRefine.synthesize") in seen["plain stream"][2]
-    for kind in ("hyde", "stream"):
+    assert ("LLMChatStartEvent", "OpenAILike.chat") in seen["plain chat"][2]
+    for kind in ("hyde", "stream", "citation"):
         assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain " + kind][3])
+    assert seen["plain citation"][3].count("retrieve") == 4  # its own RETRIEVE around the retriever's
