@@ -208,3 +208,36 @@ def test_cross_encoder_rerank_lowers_onto_the_engine_serving_it(index, llm, exec
     other = index.as_query_engine(llm=llm, similarity_top_k=4, node_postprocessors=[rerank])
     (note,) = executor.traced(other).opaque
     assert "max_length=256" in note.reason and "max_length=512" in note.reason and cross_encoder_engine in note.reason
+
+
+def test_auto_merging_retriever_merges_what_its_lowered_retriever_finds_as_plain(runtime, llm, executor):
+    """LlamaIndex's auto-merging guide: hierarchical nodes, the leaves indexed, every node in the
+    docstore; ``AutoMergingRetriever`` over the leaves' retriever. Its vector search is lowered
+    and its own merging runs on what that found: the same merged nodes as plain's."""
+    from llama_index.core import Document, StorageContext, VectorStoreIndex
+    from llama_index.core.node_parser import HierarchicalNodeParser, get_leaf_nodes
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import AutoMergingRetriever
+
+    from teola_plugin import datasets
+    from teola_plugin.llama_index import TeolaEmbedding
+
+    text = "\n\n".join(p.text for p in datasets.load_corpus("squad-xquad-en")[:6])
+    parser = HierarchicalNodeParser.from_defaults(chunk_sizes=[512, 128, 64], chunk_overlap=0)
+    nodes = parser.get_nodes_from_documents([Document(text=text, id_="doc")])
+    storage = StorageContext.from_defaults()
+    storage.docstore.add_documents(nodes)
+    leaves = VectorStoreIndex(get_leaf_nodes(nodes), storage_context=storage, embed_model=TeolaEmbedding(runtime=runtime))
+    retriever = AutoMergingRetriever(leaves.as_retriever(similarity_top_k=12), storage, simple_ratio_thresh=0.3)
+    question = QUESTIONS[0]
+    plain = retriever.retrieve(question)
+    app = executor.traced(retriever)
+    assert app.opaque == [], [str(n) for n in app.opaque]
+    teola = executor.retrieve(retriever, question)
+    assert_same_nodes(teola, plain)
+    merged = {n.node.node_id for n in plain} - {n.node.node_id for n in leaves.as_retriever(similarity_top_k=12)
+                                               .retrieve(question)}
+    assert merged  # some leaves were merged into their parents
+    engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+    assert executor.traced(engine).opaque == []
+    assert ids(executor.query(engine, question).source_nodes) == ids(engine.query(question).source_nodes)

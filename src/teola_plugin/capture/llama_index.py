@@ -402,8 +402,8 @@ def _find(registry: dict[type, C], component: Any, what: str) -> tuple[C | None,
 SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine, SubQuestionQueryEngine and "
              "RouterQueryEngine are lowered to primitives, others run as one opaque step whose own query "
              "engine and retriever calls are still Teola's) and retrievers (BaseRetriever: "
-             "VectorIndexRetriever, QueryFusionRetriever, BM25Retriever and SummaryIndexRetriever are "
-             "lowered); chat engines (BaseChatEngine) through executor.chat / achat / stream_chat / astream_chat")
+             "VectorIndexRetriever, QueryFusionRetriever, BM25Retriever, SummaryIndexRetriever and "
+             "AutoMergingRetriever are lowered); chat engines (BaseChatEngine) through executor.chat / achat / stream_chat / astream_chat")
 
 
 def trace(target: Any, ctx: TraceContext) -> TracedApp:

@@ -7,6 +7,7 @@
   engine for a served model) -> query vector -> ``vector_search`` on the
   user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
   step.
+* ``AutoMergingRetriever``: its vector retriever (lowered) -> its own merging into parents.
 * Node postprocessors that are plain functions of (nodes, query) (and of the docstore:
   ``PrevNextNodePostprocessor``): the framework's own ``postprocess_nodes`` as a CPU step.
 * ``CompactAndRefine`` / ``Refine`` / ``SimpleSummarize`` / ``TreeSummarize`` /
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
@@ -31,6 +33,7 @@ from llama_index.core.postprocessor import (
 )
 from llama_index.core.query_engine.citation_query_engine import CitationQueryEngine
 from llama_index.core.query_engine.retriever_query_engine import RetrieverQueryEngine
+from llama_index.core.retrievers import AutoMergingRetriever
 from llama_index.core.response_synthesizers import Accumulate
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
@@ -54,6 +57,7 @@ from .llama_index import (
 from .llama_index_ingest import join_pending
 from .llama_index_models import llm_call_spec
 from .llama_index_span_events import callback_event
+from .llama_index_spans import unspanned
 from .llama_index_synthesis import LLM_SYNTHESIZERS, SynthesisPlanner
 from .lowerable import LowerableLLM
 
@@ -150,6 +154,33 @@ def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRet
 
     return tr.cpu_step("retrieved_nodes", retrieved_nodes, {"query": tr.query, "hits": search.out()}, origin,
                        pure=not retriever.object_map)
+
+
+@lowering_rule(RETRIEVER_RULES, AutoMergingRetriever)
+def lower_auto_merging_retriever(tr: LlamaIndexTracer, retriever: AutoMergingRetriever) -> Ref:
+    """``AutoMergingRetriever``: its vector retriever, lowered, then its own ``_retrieve``
+    merging what that found into their parents from its docstore (CPU; the docstore may change,
+    so not pure)."""
+    nodes = tr.lower_retriever(retriever._vector_retriever)
+
+    def merged(query: Any, nodes: list[Any]) -> list[Any]:
+        found = _Retrieved(retriever, "_vector_retriever", nodes)
+        return retriever._handle_recursive_retrieval(query, unspanned(retriever, "_retrieve", bound_to=found)(query))
+
+    return tr.cpu_step("auto_merge", merged, {"query": tr.query, "nodes": nodes}, type(retriever).__name__,
+                       pure=False)
+
+
+class _Retrieved:
+    """Stands in for a retriever inside its own code: its inner retriever (``attr``) answers with
+    the nodes the graph retrieved; everything else is the retriever's."""
+
+    def __init__(self, retriever: Any, attr: str, nodes: list[Any]) -> None:
+        self._retriever = retriever
+        setattr(self, attr, SimpleNamespace(retrieve=lambda query: list(nodes)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._retriever, name)
 
 
 @lowering_rule(POSTPROCESSOR_RULES, SimilarityPostprocessor, LongContextReorder, MetadataReplacementPostProcessor,
