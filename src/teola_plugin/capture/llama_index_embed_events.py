@@ -56,7 +56,7 @@ class EmbedEvents:
             # (``aget_query_embedding``), around the model's own, which ran on the engine
             query = sizes is None
             outer = ("aget_query_embedding" if running_async() else "get_query_embedding") if query else None
-            with instant_span(model, outer, query=chunks[0]) if outer else contextlib.nullcontext():
+            with instant_span(model, outer, args=lambda v: {"query": chunks[0]}) if outer else contextlib.nullcontext():
                 embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
                 with model.callback_manager.event(CBEventType.EMBEDDING,
                                                   payload={EventPayload.SERIALIZED: described}) as event:
@@ -69,13 +69,14 @@ class EmbedEvents:
         """The model's own ``_get_query_embedding`` span (async: ``_aget_query_embedding``'s,
         around the sync one's where it calls it, as HuggingFaceEmbedding's does)."""
         model = self.embed_model
+        args = lambda v: {"query": query}  # noqa: E731
         if not running_async():
-            with instant_span(model, "_get_query_embedding", query=query):
+            with instant_span(model, "_get_query_embedding", args=args):
                 return
         own = inspect.unwrap(getattr(type(model), "_aget_query_embedding"))
-        with instant_span(model, "_aget_query_embedding", query=query):
+        with instant_span(model, "_aget_query_embedding", args=args):
             if "_get_query_embedding" in getattr(getattr(own, "__code__", None), "co_names", ()):
-                with instant_span(model, "_get_query_embedding", query=query):
+                with instant_span(model, "_get_query_embedding", args=args):
                     pass
 
     def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,

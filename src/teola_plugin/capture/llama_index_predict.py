@@ -50,5 +50,4 @@ class PredictAndParse:
             parsed = graph.add(Op.OPAQUE, name="parse", inputs={"text": text}, origin=self.origin,
                                attrs={"fn": self.parse, "pure": True})
         graph.output("out", parsed.out())
-        prepared = self.prepare(graph)
-        return Expansion(prepared, {}, observer=plan.observer(prepared))
+        return plan.expansion(self.prepare(graph))

@@ -36,8 +36,10 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.instrumentation.span import active_span_id
 
+from ..ir.expansion import Expansion
 from ..ir.graph import PGraph
 from ..ir.node import INPUT, Primitive, Ref
+from .llama_index_listening import has_callbacks, has_handlers
 
 try:  # where the instrumentation package keeps its tags (absent in older versions)
     from llama_index_instrumentation.dispatcher import active_instrument_tags
@@ -136,9 +138,13 @@ class SpanPlan:
             while span is not None:
                 spans.add(span)
                 span = span.parent
-        if not observed() and not any(_has_callbacks(s.instance) for s in spans if s.events is not None):
+        if not observed() and not any(has_callbacks(s.instance) for s in spans if s.events is not None):
             return None
         return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
+
+    def expansion(self, graph: PGraph) -> Expansion:
+        """``graph`` (this plan's, prepared) as an expansion run reporting these spans."""
+        return Expansion(graph, {}, observer=self.observer(graph))
 
     def around(self, instance: Any, method: str, **kwargs: Any) -> FrameworkSpan | None:
         """A span for :meth:`observer`'s ``outer`` (None when LlamaIndex does not instrument
@@ -206,13 +212,7 @@ def observed() -> bool:
     """A span handler or an event handler on LlamaIndex's dispatchers (the root, where
     handlers are attached, and where every module's dispatcher propagates)."""
     root = get_dispatcher()
-    return any(type(h).__name__ != "NullSpanHandler" for h in root.span_handlers) or \
-        any(type(h).__name__ != "NullEventHandler" for h in root.event_handlers)
-
-
-def _has_callbacks(component: Any) -> bool:
-    manager = getattr(component, "callback_manager", None)
-    return bool(getattr(manager, "handlers", None))
+    return has_handlers(root, "span_handlers") or has_handlers(root, "event_handlers")
 
 
 _NO_ARGS = inspect.signature(lambda: None).bind()
@@ -395,16 +395,19 @@ def _active(opened: _Opened) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def instant_span(instance: Any, method: str, **arguments: Any) -> Iterator[None]:
-    """``instance.method``'s span around events reported after the fact (an embedding call
-    Teola's engine ran): opened and closed where they fire, nested in the active span; no
-    span when LlamaIndex does not instrument that method."""
+def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping[str, Any]] = lambda values: {},
+                 events: Any = None) -> Iterator[None]:
+    """``instance.method``'s span (with its ``events``, as :meth:`SpanPlan.span` takes them) around
+    what is reported after the fact (an embedding Teola's engine ran; a streaming synthesis's
+    ``get_response``, which plain returns before any token is read): opened and closed where it
+    runs, nested in the active span; no span when LlamaIndex does not instrument that method."""
     dispatcher = dispatcher_of(instance, method)
     if dispatcher is None:
         yield
         return
+    known: Values = lambda ref: None  # noqa: E731  (nothing of a graph run: the args are literal)
     try:
-        bound = inspect.signature(getattr(instance, method)).bind_partial(**arguments)
+        bound = inspect.signature(getattr(instance, method)).bind_partial(**args(known))
     except (TypeError, ValueError):
         bound = _NO_ARGS
     id_ = f"{type(instance).__name__}.{method}-{uuid.uuid4()}"
@@ -412,7 +415,10 @@ def instant_span(instance: Any, method: str, **arguments: Any) -> Iterator[None]
     dispatcher.span_enter(id_=id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(), tags=tags)
     token = active_span_id.set(id_)
     try:
+        state = events.start(known) if events is not None else None
         yield
+        if events is not None:
+            events.end(state, None, known)
     finally:
         active_span_id.reset(token)
         dispatcher.span_exit(id_=id_, bound_args=bound, instance=instance, result=None)

@@ -129,7 +129,7 @@ class SynthesisPlanner:
         """:meth:`build_graph` as the expansion of a ``synthesize`` step, reporting the spans
         its ``get_response`` and LLM calls open (``llama_index_spans.py``)."""
         graph, plan = self.built(query, nodes, additional_source_nodes)
-        return Expansion(graph, {}, observer=plan.observer(graph))
+        return plan.expansion(graph)
 
     def built(self, query: QueryBundle, nodes: list[NodeWithScore],
               additional_source_nodes: list[NodeWithScore] = (), refine_chunks: list[str] | None = None
@@ -154,42 +154,29 @@ class SynthesisPlanner:
             graph.output("out", response.out())  # the synthesize primitive's one port
         return self.prepare(graph), plan
 
-    @contextlib.contextmanager
     def get_response_reported(self, query_str: str, nodes: list[NodeWithScore], async_: bool
-                              ) -> Iterator[list[str] | None]:
+                              ) -> contextlib.AbstractContextManager[list[str] | None]:
         """A streaming synthesis's ``get_response`` spans (a refine's events with them), opened
         and closed around the planning of its calls (plain's return the token generator before
         any token is read); yields the refine chunks (compacted once, as plain does)."""
-        synth = self.synthesizer
-        method = "aget_response" if async_ else "get_response"
         texts = [n.node.get_content(metadata_mode=MetadataMode.LLM) for n in nodes]
-        chunks = self.refine_chunks(query_str, texts)
-        with contextlib.ExitStack() as stack:
-            if isinstance(synth, CompactAndRefine):
-                stack.enter_context(instant_span(synth, method, query_str=query_str, text_chunks=texts))
-            stack.enter_context(instant_span(synth, method, query_str=query_str,
-                                             text_chunks=chunks if chunks is not None else texts))
-            events = GetResponseEvents(query_str, chunks) if chunks is not None else None
-            if events is not None:
-                events.start(lambda ref: None)
-            yield chunks
-            if events is not None:
-                events.end(None, None, lambda ref: None)
+        return self._get_response_spans(query_str, texts, instant_span, "aget_response" if async_ else "get_response")
 
     @contextlib.contextmanager
-    def _get_response_spans(self, query_str: str, texts: list[str]) -> Iterator[list[str] | None]:
+    def _get_response_spans(self, query_str: str, texts: list[str], open_span: Callable[..., Any] = span_in_building,
+                            method: str = "get_response") -> Iterator[list[str] | None]:
         """The ``get_response`` spans ``synthesize`` opens (a compact refine's own around its
-        parent's over the compacted chunks; a refine's with its events); yields the refine
-        chunks when it computed them."""
+        parent's over the compacted chunks; a refine's with its events), by ``open_span``
+        (the plan's, or one reported at once); yields the refine chunks when it computed them."""
         synth = self.synthesizer
         chunks = self.refine_chunks(query_str, texts)
         with contextlib.ExitStack() as stack:
             if isinstance(synth, CompactAndRefine):
-                stack.enter_context(span_in_building(
-                    synth, "get_response", args=lambda v: {"query_str": query_str, "text_chunks": texts}))
+                stack.enter_context(open_span(
+                    synth, method, args=lambda v: {"query_str": query_str, "text_chunks": texts}))
             events = GetResponseEvents(query_str, chunks) if chunks is not None else None
-            stack.enter_context(span_in_building(
-                synth, "get_response", events=events,
+            stack.enter_context(open_span(
+                synth, method, events=events,
                 args=lambda v: {"query_str": query_str, "text_chunks": chunks if chunks is not None else texts}))
             yield chunks
 
@@ -312,8 +299,7 @@ class TreeLevels:
         with plan.building(), span_in_building(synth, "get_response",
                                                args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}):
             graph.output("out", self.build(graph, summaries))
-        prepared = self.planner.prepare(graph)
-        return Expansion(prepared, {}, observer=plan.observer(prepared))
+        return plan.expansion(self.planner.prepare(graph))
 
 
 class RefineLoop:
@@ -372,8 +358,7 @@ class RefineLoop:
         plan = SpanPlan(graph)
         with plan.building():
             graph.output("out", self.build(graph, response))
-        prepared = self.planner.prepare(graph)
-        return Expansion(prepared, {}, observer=plan.observer(prepared))
+        return plan.expansion(self.planner.prepare(graph))
 
 
 def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_args: dict[str, Any],
