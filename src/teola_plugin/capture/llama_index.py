@@ -336,14 +336,16 @@ class LlamaIndexTracer:
         return served, {"embed_text": embed_model.get_query_embedding}, ""
 
     def embedding_events(self, embed_model: Any, attrs: dict[str, Any], texts: Ref, vectors: Ref, origin: str,
-                         query: Ref | None = None) -> None:
+                         query: Ref | None = None) -> Ref:
         """The embedding events of texts the embedder engine embeds for ``embed_model`` (a
-        served model's own ``get_query_embedding`` reports itself)."""
+        served model's own ``get_query_embedding`` reports itself); returns the vectors as read
+        after them (``vectors`` itself when nothing is reported)."""
         from .llama_index_embed_events import EmbedEvents
 
         events = EmbedEvents.of(embed_model) if "embed_text" not in attrs else None
-        if events is not None:
-            events.add_step(self.graph, texts, vectors, origin, query=query)
+        if events is None:
+            return vectors
+        return events.add_step(self.graph, texts, vectors, origin, query=query)
 
     def lower_query_vector(self, embed_model: Any, origin: str) -> Ref:
         """The query's search vectors, as ``VectorIndexRetriever._retrieve`` computes its one:
@@ -356,14 +358,15 @@ class LlamaIndexTracer:
         if engine is not None:
             embed = self.add(Op.EMBED, inputs={"texts": self.embedding_strs()}, engine=engine,
                              attrs={"est_items": 1, **attrs}, origin=type(embed_model).__name__)
-            self.embedding_events(embed_model, attrs, self.embedding_strs(), embed.out(), origin, query=self.query)
+            vectors = self.embedding_events(embed_model, attrs, self.embedding_strs(), embed.out(), origin,
+                                            query=self.query)
 
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
                 if query.embedding is not None:
                     return [query.embedding]
                 return [mean_agg([list(map(float, v)) for v in vectors])] if vectors else []
 
-            return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": embed.out()}, origin)
+            return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": vectors}, origin)
 
         def embed_query(query: Any) -> list[Any]:
             if has_no_vector(query):

@@ -80,17 +80,20 @@ class EmbedEvents:
                     pass
 
     def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,
-                 sizes: Sequence[int] | None = None) -> None:
-        """A side step after the embedding that reports it; with ``query``, only when plain
-        embeds it (a query bundle that brings its own embedding embeds nothing)."""
-        def embedded(texts: Sequence[str], vectors: Sequence[Any], query: Any = None) -> None:
+                 sizes: Sequence[int] | None = None) -> Ref:
+        """A step after the embedding that reports it; with ``query``, only when plain embeds it
+        (a query bundle that brings its own embedding embeds nothing). Its output is the
+        vectors once reported: what reads them there comes after the embedding's events, as
+        after plain's ``get_query_embedding``."""
+        def embedded(texts: Sequence[str], vectors: Sequence[Any], query: Any = None) -> Sequence[Any]:
             if query is None or getattr(query, "embedding", None) is None:
                 self.report(texts, vectors, sizes)
+            return vectors
 
         embedded.__qualname__ = f"embed_events[{type(self.embed_model).__name__}]"
         inputs = {"texts": texts, "vectors": vectors, **({"query": query} if query is not None else {})}
-        graph.add(Op.OPAQUE, name=graph.unique_name("embed_events"), inputs=inputs, origin=origin,
-                  attrs={"fn": framework_call(embedded), "pure": False})
+        return graph.add(Op.OPAQUE, name=graph.unique_name("embed_events"), inputs=inputs, origin=origin,
+                         attrs={"fn": framework_call(embedded), "pure": False}).out()
 
 
 def insert_batches(batch_sizes: Iterable[int], insert_batch_size: int, embed_batch_size: int) -> list[int]:

@@ -72,14 +72,16 @@ class LLMEvents:
         """None when nobody listens (then nothing is added to the graph)."""
         return cls(llm, template, prompt_args) if _listened(llm) else None
 
-    def add_steps(self, graph: PGraph, start_inputs: dict[str, Ref], decode: Primitive, origin: str) -> None:
-        """Its ``llm_start`` step (on ``start_inputs``) and ``llm_end`` step (after ``decode``):
-        a side branch of the call, impure so no pass removes it."""
+    def add_steps(self, graph: PGraph, start_inputs: dict[str, Ref], decode: Primitive, origin: str) -> Primitive:
+        """Its ``llm_start`` step (on ``start_inputs``) and ``llm_end`` step (after ``decode``),
+        impure so no pass removes them; returns ``llm_end``, whose output is the decoded text
+        once the call's end is reported (what ``predict`` returns, after its events)."""
         started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs=start_inputs, origin=origin,
                             attrs={"fn": framework_call(self.start), "pure": False})
-        graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
-                  inputs={"started": started.out(), "text": decode.out("text"), "response": decode.out("response")},
-                  origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
+        return graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
+                         inputs={"started": started.out(), "text": decode.out("text"),
+                                 "response": decode.out("response")},
+                         origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
 
     def start(self, prompt: Any = None) -> StartedCall:
         llm, described = self.llm, model_dict(self.llm)

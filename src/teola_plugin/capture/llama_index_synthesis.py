@@ -388,7 +388,9 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
             text = decode.out("text")  # the decode's own: a caller may stream its tokens
             events = LLMEvents.of(llm, template, prompt_args)
             if events is not None:  # the LLM's own callback / instrumentation events
-                events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
+                reported = events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
+                if not streamed:  # what reads the answer comes after the call's end, as after plain's predict
+                    text = reported.out()
         if spec.parse_output is None:
             return text
         parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
