@@ -1359,7 +1359,11 @@ class SpanTree:
 
         class Events(BaseEventHandler):
             def handle(self, event, **kwargs) -> None:
-                tree.events.append((event.class_name(), tree.names.get(event.span_id)))
+                record = (event.class_name(), tree.names.get(event.span_id))
+                if "InProgress" in record[0]:  # a streamed chunk's: its delta and the text so far
+                    response = event.response
+                    record += (response.delta, getattr(response, "text", None) or response.message.content)
+                tree.events.append(record)
 
         self.handlers = Spans(), Events()
         root = get_dispatcher()
@@ -1492,7 +1496,6 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
                 response = call(target, QUESTIONS[0])
                 text = "".join(response.response_gen) if kind == "stream" else str(response)
                 spans, events = tree.take()
-                events = [e for e in events if e[0] != "LLMChatInProgressEvent"]  # per token: not reported (documented)
                 seen[f"{name} {kind}"] = (text, sorted(spans), sorted(events),
                                           sorted(e.event_type.value for e in debug.get_events()))
     for kind in ("hyde", "stream", "citation", "chat"):
@@ -1501,6 +1504,9 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
     assert ("open", "RetrieverQueryEngine.query", "TransformQueryEngine._query") in seen["plain hyde"][1]
     assert ("QueryStartEvent", "RetrieverQueryEngine.query") in seen["plain hyde"][2]
     assert ("SynthesizeEndEvent", "CompactAndRefine.synthesize") in seen["plain stream"][2]
+    streamed = [e for e in seen["plain stream"][2] if e[0] == "LLMChatInProgressEvent"]
+    assert len(streamed) > 3 and len({e[1] for e in streamed}) == 1 and streamed[0][1]  # one per chunk, in its span
+    assert max((e[3] for e in streamed), key=len) == seen["plain stream"][0]  # the text so far, at the end: the answer
     assert ("LLMChatStartEvent", "OpenAILike.chat") in seen["plain chat"][2]
     for kind in ("hyde", "stream", "citation"):
         assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain " + kind][3])

@@ -10,22 +10,30 @@ CPU steps stand in: ``llm_start`` beside the prefill (the messages or prompt ``p
 builds, by the LLM's own ``_get_messages`` / ``_get_prompt``) and ``llm_end`` after the
 decode (the response with the server's reply as ``raw`` and its token counts, so usage-based
 counters count what plain counts). They are added only when someone listens (a callback handler on the LLM's manager,
-an event handler on the dispatcher chain). A streamed call ends as ``LLM.stream``'s does: the
-last chunk's response (its delta) and no ``LLMPredictEndEvent``; its per-token
-``...InProgressEvent``s are not fired.
+an event handler on the dispatcher chain). A streamed call reports as ``LLM.stream``'s does:
+``llm_start`` is the decode's listener (its request is sent after the start events), an
+``LLMChatInProgressEvent`` / ``LLMCompletionInProgressEvent`` per chunk the server sends (the
+text so far, the chunk's delta, the chunk as ``raw``), off the runtime loop and in order, as the
+chunks arrive (plain's fire as its caller reads them); the end reports the last chunk's
+response (its delta) and no ``LLMPredictEndEvent``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import threading
+from collections import deque
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.llm import (
     LLMChatEndEvent,
+    LLMChatInProgressEvent,
     LLMChatStartEvent,
     LLMCompletionEndEvent,
+    LLMCompletionInProgressEvent,
     LLMCompletionStartEvent,
     LLMPredictEndEvent,
     LLMPredictStartEvent,
@@ -36,19 +44,46 @@ from llama_index.core.llms import llm as llm_module
 from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
+from ..runtime.framework_threads import in_framework_thread
 from .llama_index import framework_call
 from .llama_index_listening import listened, model_dict
 from .llama_index_spans import span_id_of
 
+logger = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
+
 class StartedCall:
-    """What ``llm_start`` hands ``llm_end``: the callback event's id and what was sent."""
+    """What ``llm_start`` hands ``llm_end``: the callback event's id and what was sent. For a
+    streamed call it is also the decode's listener: each chunk's in-progress event."""
 
-    event_id: str
-    sent: Any  # the messages (chat) or the formatted prompt (completion)
-    span_id: str | None  # the model call's span (its chat / complete)
-    predict_span_id: str | None  # predict's
+    def __init__(self, events: LLMEvents, event_id: str, sent: Any, span_id: str | None,
+                 predict_span_id: str | None) -> None:
+        self.events = events
+        self.event_id = event_id
+        self.sent = sent  # the messages (chat) or the formatted prompt (completion)
+        self.span_id = span_id  # the model call's span (its chat / complete)
+        self.predict_span_id = predict_span_id  # predict's
+        self.content = ""  # the streamed text so far
+        self._chunks: deque[tuple[str, Any]] = deque()
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str, chunk: Any = None) -> None:  # on the runtime loop, per chunk
+        self._chunks.append((text, chunk))
+        asyncio.ensure_future(in_framework_thread(self.report_chunks)).add_done_callback(_logged)
+
+    def report_chunks(self) -> None:
+        """The in-progress events of the chunks received so far, in order (handlers are the
+        user's code: off the loop; the end reports what is left first)."""
+        with self._lock:
+            while self._chunks:
+                text, chunk = self._chunks.popleft()
+                self.content += text
+                self.events.in_progress(self, text, chunk)
+
+
+def _logged(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("an LLM in-progress event handler failed: %r", task.exception())
 
 
 def _listened(llm: Any) -> bool:
@@ -72,16 +107,23 @@ class LLMEvents:
         """None when nobody listens (then nothing is added to the graph)."""
         return cls(llm, template, prompt_args) if _listened(llm) else None
 
-    def add_steps(self, graph: PGraph, start_inputs: dict[str, Ref], decode: Primitive, origin: str) -> Primitive:
-        """Its ``llm_start`` step (on ``start_inputs``) and ``llm_end`` step (after ``decode``),
-        impure so no pass removes them; returns ``llm_end``, whose output is the decoded text
-        once the call's end is reported (what ``predict`` returns, after its events)."""
-        started = graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs=start_inputs, origin=origin,
-                            attrs={"fn": framework_call(self.start), "pure": False})
+    def start_step(self, graph: PGraph, start_inputs: dict[str, Ref], origin: str) -> Primitive:
+        """Its ``llm_start`` step (on ``start_inputs``), impure so no pass removes it; its output
+        is a streamed call's decode listener."""
+        return graph.add(Op.OPAQUE, name=graph.unique_name("llm_start"), inputs=start_inputs, origin=origin,
+                         attrs={"fn": framework_call(self.start), "pure": False})
+
+    def end_step(self, graph: PGraph, started: Primitive, decode: Primitive, origin: str) -> Primitive:
+        """Its ``llm_end`` step after ``decode``, whose output is the decoded text once the
+        call's end is reported (what ``predict`` returns, after its events)."""
         return graph.add(Op.OPAQUE, name=graph.unique_name("llm_end"),
                          inputs={"started": started.out(), "text": decode.out("text"),
                                  "response": decode.out("response")},
                          origin=origin, attrs={"fn": framework_call(self.end), "pure": False})
+
+    def add_steps(self, graph: PGraph, start_inputs: dict[str, Ref], decode: Primitive, origin: str) -> Primitive:
+        """Both steps around an unstreamed ``decode``; returns ``llm_end``."""
+        return self.end_step(graph, self.start_step(graph, start_inputs, origin), decode, origin)
 
     def start(self, prompt: Any = None) -> StartedCall:
         llm, described = self.llm, model_dict(self.llm)
@@ -104,12 +146,28 @@ class LLMEvents:
                                                                    additional_kwargs=kwargs, span_id=span_id))
             event_id = manager.on_event_start(CBEventType.LLM, payload={
                 EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: described})
-        return StartedCall(event_id, sent, span_id, predict_span_id)
+        return StartedCall(self, event_id, sent, span_id, predict_span_id)
+
+    def in_progress(self, started: StartedCall, text: str, chunk: Any) -> None:
+        """``LLM.stream_chat`` / ``stream_complete``'s event for one chunk (the OpenAI client's
+        response for it: the text so far, the delta, the chunk and its token counts)."""
+        counts = getattr(self.llm, "_get_response_token_counts", None)
+        extra = counts(chunk) if counts is not None and chunk is not None else {}
+        if self.chat:
+            reply = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=started.content),
+                                 delta=text, raw=chunk, additional_kwargs=extra)
+            llm_callbacks.dispatcher.event(LLMChatInProgressEvent(messages=started.sent, response=reply,
+                                                                  span_id=started.span_id))
+        else:
+            reply = CompletionResponse(text=started.content, delta=text, raw=chunk, additional_kwargs=extra)
+            llm_callbacks.dispatcher.event(LLMCompletionInProgressEvent(prompt=started.sent, response=reply,
+                                                                        span_id=started.span_id))
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
         llm, manager = self.llm, self.llm.callback_manager
         streamed = isinstance(response, tuple)
         delta = None
+        started.report_chunks()  # a streamed call's last chunks first
         if streamed:  # a streamed call's chunks: plain's last response carries the last one, and its delta
             response = response[-1] if response else None
             delta = _last_delta(response, self.chat)
@@ -156,7 +214,7 @@ class CompleteEvents(LLMEvents):
                                                                span_id=span_id))
         event_id = self.llm.callback_manager.on_event_start(CBEventType.LLM, payload={
             EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: described})
-        return StartedCall(event_id, sent, span_id, span_id)
+        return StartedCall(self, event_id, sent, span_id, span_id)
 
 
 def _last_delta(chunk: Any, chat: bool) -> str:

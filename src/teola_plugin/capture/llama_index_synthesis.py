@@ -382,13 +382,15 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
         size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
         outer_span, inner_spans = model_call_spans(span_in_building, llm, inner)
         with outer_span:
-            with inner_spans:
+            events = LLMEvents.of(llm, template, prompt_args)  # the LLM's own callback / instrumentation events
+            started = events.start_step(graph, {"prompt": prompt.out()}, origin) if events is not None else None
+            with inner_spans:  # a streamed call's start reports each chunk it hears
                 decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN,
-                                       always_streamed=streamed)
+                                       always_streamed=streamed,
+                                       listener=started.out() if started is not None and streamed else None)
             text = decode.out("text")  # the decode's own: a caller may stream its tokens
-            events = LLMEvents.of(llm, template, prompt_args)
-            if events is not None:  # the LLM's own callback / instrumentation events
-                reported = events.add_steps(graph, {"prompt": prompt.out()}, decode, origin)
+            if started is not None:
+                reported = events.end_step(graph, started, decode, origin)
                 if not streamed:  # what reads the answer comes after the call's end, as after plain's predict
                     text = reported.out()
         if spec.parse_output is None:

@@ -44,6 +44,7 @@ class GenerationDelta:
     """Only says that a served stream ended (no chunk of the server's): it carries no token.
     Every other delta of a served stream is one chunk, as the framework's client yields one
     response per chunk, empty ones included."""
+    chunk: Any = None  # a served stream's chunk this delta is (what a framework's per-chunk events carry)
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,7 @@ class OpenAICompatibleEngine(LLMEngine):
             async for delta in deltas:  # every chunk, its role-only and usage-only ones too
                 received.append(delta.response)
                 produced = delta.num_generated_tokens
-                yield replace(delta, response=None)
+                yield replace(delta, response=None, chunk=delta.response)
         yield GenerationDelta(rid, "", produced, True, None, tuple(received), stream_end=True)
 
     async def relay(self, request: Mapping[str, Any], request_id: str | None = None,

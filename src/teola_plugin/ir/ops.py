@@ -162,8 +162,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
                      "always_streamed": "send streamed_request even when no caller reads the tokens "
                                         "(the framework's own code streams this call)"},
               doc="prefill the full prompt"),
-        # `listener` (optional): a callable given each decoded text delta (a framework's token
-        # callbacks: LangChain's on_llm_new_token), or None.
+        # `listener` (optional): a callable given each decoded delta as (text, the server's chunk
+        # or None), empty ones included (a framework's token callbacks: LangChain's
+        # on_llm_new_token, LlamaIndex's in-progress events), or None.
         _spec(Op.LLM_DECODE, {"state": T.LLM_STATE, "listener": T.ANY},
               {"text": T.TEXT, "items": T.TEXTS, "response": T.ANY}, "llm", optional_inputs=("listener",),
               streamable=True, attrs={**_LLM_REQUEST, "parse": "how the text splits into items (lines, json_list)",

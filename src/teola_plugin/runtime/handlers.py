@@ -181,8 +181,8 @@ class PrimitiveHandlers:
             text += delta.text
             if not getattr(delta, "stream_end", False):  # a token per chunk, as the framework streams them
                 ctx.emit_token(delta.text)
-            if listener is not None and delta.text:
-                listener(delta.text)
+                if listener is not None:  # every chunk, empty ones too: the listener picks what it reports
+                    listener(delta.text, delta.chunk)
             if stream_items:
                 complete = semantics.complete_items(text, parse)
                 for item in complete[emitted:]:

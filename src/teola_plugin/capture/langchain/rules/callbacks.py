@@ -95,8 +95,8 @@ class CallRun:
         self._last: asyncio.Future[None] | None = None
         self.ended = False  # on_llm_end or on_llm_error reported: the run is over
 
-    def __call__(self, text: str) -> None:  # on the runtime loop, per decoded delta
-        if not self.streaming:
+    def __call__(self, text: str, chunk: Any = None) -> None:  # on the runtime loop, per decoded delta
+        if not self.streaming or not text:
             return
         if self.chat:
             message = AIMessageChunk(content=text, id=f"{LC_ID_PREFIX}-{self.run.run_id}")  # invoke's id
