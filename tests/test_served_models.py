@@ -1511,3 +1511,43 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
     for kind in ("hyde", "stream", "citation"):
         assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain " + kind][3])
     assert seen["plain citation"][3].count("retrieve") == 4  # its own RETRIEVE around the retriever's
+
+
+def test_a_streaming_summarizer_streams_and_reports_as_plain_while_someone_listens(recording_proxy, squad_index,
+                                                                                     executor):
+    """A streaming ``tree_summarize`` / ``simple_summarize`` / ``generation`` synthesizer, used
+    directly under ``Settings.executor`` (``get_response``, ``synthesize``) and in a query engine,
+    while a span / event handler listens: the same tokens and streaming requests, and the same
+    spans and events, ``llm.stream``'s nested in ``get_response`` where plain calls it. (With a
+    listener, these once sent unstreamed requests and streamed no token.)"""
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=12)
+    texts = [p.text[:300] for p in datasets.load_corpus("squad-xquad-en")[:3]]
+    nodes = [NodeWithScore(node=TextNode(text=t, id_=f"n{i}"), score=1.0) for i, t in enumerate(texts)]
+    plain_gets_teolas_replies(recording_proxy)
+    seen = {}
+    with SpanTree() as tree:
+        for mode in ("tree_summarize", "simple_summarize", "generation"):
+            synth = get_response_synthesizer(llm=llm, response_mode=mode, streaming=True)
+            engine = squad_index.as_query_engine(llm=llm, similarity_top_k=2, response_mode=mode, streaming=True)
+            for side in ("teola", "plain"):
+                Settings.executor = executor if side == "teola" else None
+                recording_proxy.requests.clear()
+                try:
+                    tokens = (list(synth.get_response(QUESTIONS[0], texts)),
+                              list(synth.synthesize(QUESTIONS[0], nodes).response_gen),
+                              list(engine.query(QUESTIONS[0]).response_gen))
+                finally:
+                    Settings.executor = None
+                spans, events = tree.take()
+                seen[side, mode] = (tokens, bodies(recording_proxy.requests), sorted(map(str, spans)),
+                                    sorted(map(str, events)))
+    for mode, owner in (("tree_summarize", "TreeSummarize"), ("simple_summarize", "SimpleSummarize"),
+                        ("generation", "Generation")):
+        plain = seen["plain", mode]
+        assert seen["teola", mode] == plain
+        assert all(len(t) > 3 for t in plain[0]) and all('"stream": true' in b for b in plain[1])
+        assert str(("open", "OpenAILike.stream", f"{owner}.get_response")) in plain[2]
+        assert any("LLMChatInProgressEvent" in e for e in plain[3])

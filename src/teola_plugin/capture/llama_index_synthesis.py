@@ -88,6 +88,12 @@ class SynthesisPlanner:
     def streaming(self) -> bool:
         return bool(self.synthesizer._streaming)
 
+    @property
+    def streams_in_get_response(self) -> bool:
+        """Does a streaming ``get_response`` call ``llm.stream`` itself (its spans open there),
+        not in a generator read later (a refine's program's ``stream_call``)?"""
+        return not isinstance(self.synthesizer, Refine)
+
     def __call__(self, query: QueryBundle, nodes: list[NodeWithScore], prefix: Any = None) -> Any:
         """``prefix``: split_prefill's warm-up of :meth:`warm_prompt` is done (its signal)."""
         if not nodes:  # BaseSynthesizer.synthesize answers without calling the LLM
@@ -228,7 +234,7 @@ class SynthesisPlanner:
         synth = self.synthesizer
         template = synth._text_qa_template.partial_format(query_str=query_str)
         truncated = synth._prompt_helper.truncate(prompt=template, text_chunks=["\n".join(texts)], llm=self.llm)
-        text = self.llm_call(graph, template, {"context_str": truncated}, type(synth).__name__)
+        text = self.llm_call(graph, template, {"context_str": truncated}, type(synth).__name__, streamed=self.streaming)
         if self.streaming:
             graph.output("stream", text)
         return cpu_step(graph, "answer", lambda text: text or EMPTY, {"text": text}, type(synth).__name__)
@@ -237,7 +243,8 @@ class SynthesisPlanner:
         """``Generation.get_response``: ``predict`` (or ``stream``) of its input prompt with
         the query, the retrieved text unused; the answer as the LLM returns it."""
         synth = self.synthesizer
-        text = self.llm_call(graph, synth._input_prompt, {"query_str": query_str}, type(synth).__name__)
+        text = self.llm_call(graph, synth._input_prompt, {"query_str": query_str}, type(synth).__name__,
+                             streamed=self.streaming)
         if self.streaming:
             graph.output("stream", text)
         return text
@@ -279,7 +286,8 @@ class TreeLevels:
             raise RecursionError("TreeSummarize: nothing to summarize after repacking (every text was "
                                  "empty); LlamaIndex recurses without end on this input")
         if len(chunks) == 1:  # the final answer, returned as predict() returns it
-            text = self.planner.llm_call(graph, self.template, {"context_str": chunks[0]}, self.origin)
+            text = self.planner.llm_call(graph, self.template, {"context_str": chunks[0]}, self.origin,
+                                         streamed=self.planner.streaming)  # plain's llm.stream
             if self.planner.streaming:
                 graph.output("stream", text)
             return text

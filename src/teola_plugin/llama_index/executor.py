@@ -506,28 +506,36 @@ class TeolaExecutor:
         # before the tokens are read; its LLM call's are the token run's
         with planner.get_response_reported(query.query_str, nodes, async_) as chunks:
             graph, spans = planner.built(query, nodes, refine_chunks=chunks)
-        tokens = self._token_stream(graph, query_id, started, async_, observer=spans.observer(graph, async_))
+            opened_in = contextvars.copy_context() if planner.streams_in_get_response else None
+        tokens = self._token_stream(graph, query_id, started, async_, observer=spans.observer(graph, async_),
+                                    spans_opened_in=opened_in)
         metadata = synth._get_metadata_for_response([n.node for n in nodes])
         if async_:
             return AsyncStreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
         return StreamingResponse(tokens, source_nodes=list(nodes), metadata=metadata)
 
     def _token_stream(self, graph: PGraph, query_id: str, started: float, async_: bool,
-                      engines: EngineNeeds | None = None, observer: Any = None) -> Any:
+                      engines: EngineNeeds | None = None, observer: Any = None,
+                      spans_opened_in: contextvars.Context | None = None) -> Any:
         """A (sync or async) generator of the tokens of ``graph``'s ``stream`` output's decode,
         which runs ``graph`` (``engines`` provided first) when it is first read: plain's
         streamed model request is sent then too, so a stream nobody reads sends nothing. The
         run gets what is left of the query's budget now. A failure of the run surfaces where
-        the stream is read; a stream abandoned early stops the run."""
+        the stream is read; a stream abandoned early stops the run. Its calls' spans nest in
+        the span active where it is read, or in ``spans_opened_in``'s (a synthesizer that calls
+        ``llm.stream`` in its ``get_response``: plain's spans open there)."""
         tokens: queue.Queue[Any] = queue.Queue()
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         self.last_query_id = query_id
         left = self._left(started)
 
-        def start() -> Any:
-            future = self.runtime.submit(self.runtime.execute(
+        def submit() -> Any:
+            return self.runtime.submit(self.runtime.execute(
                 graph, {}, query_id=query_id, timeout_s=left, on_token=tokens.put, token_nodes=token_nodes,
                 engines=engines, observer=observer))
+
+        def start() -> Any:
+            future = spans_opened_in.run(submit) if spans_opened_in is not None else submit()
             future.add_done_callback(lambda _: tokens.put(_END))
             return future
 
@@ -584,9 +592,11 @@ class TeolaExecutor:
         graph, spans = planner.answer_calls(query_str, list(text_chunks), refine_chunks=chunks)
         answer = Trace(graph, engines=needs)
         if synthesizer._streaming:
-            def stream() -> Any:
+            def stream() -> Any:  # called inside plain's get_response span (instrumentation.answered)
+                opened_in = contextvars.copy_context() if planner.streams_in_get_response else None
                 return self._token_stream(answer.graph, _new_query_id(), time.monotonic(), async_=async_,
-                                          engines=answer.engines, observer=spans.observer(graph, async_))
+                                          engines=answer.engines, observer=spans.observer(graph, async_),
+                                          spans_opened_in=opened_in)
 
             if not async_:
                 return PlannedAnswer(stream, chunks)
