@@ -230,3 +230,32 @@ def test_checkpointed_threads_and_the_recursion_limit_behave_as_plain(recording_
         TeolaRunnable(loop, runtime=served_runtime).invoke({"question": "Why?"}, limit)
     assert graph_runs(served_runtime) - runs_before == 3  # each step's chain ran lowered until the limit
     recording_proxy.take()
+
+
+def test_a_graphs_typed_run_stream_is_plains_with_its_calls_on_the_served_engine(recording_proxy, served_runtime):
+    """``stream_events`` / ``astream_events(version="v3")`` (LangGraph's typed run stream, beta)
+    on the wrapper: the graph's own run stream, the same messages and output as plain's, its
+    model calls sent by the served engine whichever projection pumps it."""
+    graph = qa_graph(chat_openai(recording_proxy.base_url, max_tokens=16))
+    if "version" not in str(getattr(type(graph), "stream_events", lambda: None).__doc__):
+        pytest.skip("this LangGraph has no typed run stream (stream_events version='v3')")
+    state = {"question": "Name a primary colour."}
+
+    def drained(run) -> tuple:
+        return [str(m.text) for m in run.messages], run.output
+
+    async def adrained(runnable) -> tuple:
+        run = await runnable.astream_events(state, version="v3")
+        return [str(await m.text) async for m in run.messages], await run.output()
+
+    recording_proxy.take()
+    plain = drained(graph.stream_events(state, version="v3"))
+    plain_bodies = bodies(recording_proxy.take())
+    assert len(plain_bodies) == 2 and plain[1]["summary"] and len(plain[0]) == 2
+    fast = TeolaRunnable(graph, runtime=served_runtime)
+    sent_before = relayed(served_runtime) + graph_runs(served_runtime)
+    assert drained(fast.stream_events(state, version="v3")) == plain
+    assert bodies(recording_proxy.take()) == plain_bodies
+    assert asyncio.run(adrained(fast)) == asyncio.run(adrained(graph))
+    assert bodies(recording_proxy.take()) == sorted(plain_bodies * 2)
+    assert relayed(served_runtime) + graph_runs(served_runtime) - sent_before == 4  # Teola's two runs' calls

@@ -42,7 +42,7 @@ from ..optimizer.cost import check_cost_model
 from ..runtime.graph_scheduler import check_timeout
 from ..runtime.runtime import Runtime, default_runtime
 from ..runtime.bridge import stream_async, stream_sync
-from ..served_calls import routed_aiterate, routed_iterate, routing_served_calls
+from ..served_calls import routed_aiterate, routed_iterate, routed_run_stream, routing_served_calls
 from . import batch_group
 from .called_chains import CalledChains, Lowering
 from .graph_view import to_langchain_graph
@@ -547,11 +547,26 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
                                   lambda: super(TeolaRunnable, self).atransform(input, config, **kwargs))
 
     # The event and log streams of a chain that runs as it is are its own (same runs, same
-    # names); otherwise LangChain builds them from this runnable's ``astream``.
-    def astream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+    # names); otherwise LangChain builds them from this runnable's ``astream``. The typed run
+    # stream (``version="v3"``, beta: a LangGraph graph's, a chat model's) is the chain's own,
+    # its model-server calls routed; on a chain without one it raises what plain's raises.
+    def astream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        if kwargs.get("version") == "v3":
+            return self._arun_stream(input, config, **kwargs)
         return self._chain_or_own(lambda: self._aruns_as_is(input, streaming=True),
                                   lambda: self.chain.astream_events(input, config, **kwargs),
                                   lambda: super(TeolaRunnable, self).astream_events(input, config, **kwargs))
+
+    async def _arun_stream(self, input: Any, config: RunnableConfig | None, **kwargs: Any) -> Any:
+        run = await self.chain.astream_events(input, config, **kwargs)
+        return routed_run_stream(self.teola_runtime(), run, self._lowering(self.chain))
+
+    def stream_events(self, input: Any, config: RunnableConfig | None = None, *, version: str = "v2",
+                      **kwargs: Any) -> Any:
+        if version != "v3":
+            return super().stream_events(input, config, version=version, **kwargs)
+        run = self.chain.stream_events(input, config, version="v3", **kwargs)
+        return routed_run_stream(self.teola_runtime(), run, self._lowering(self.chain))
 
     def astream_log(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         return self._chain_or_own(lambda: self._aruns_as_is(input, streaming=True),

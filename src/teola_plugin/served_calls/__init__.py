@@ -4,7 +4,7 @@
 
 from . import embedding_calls, openai_sdk
 from .scope import (EXPLAIN_ROUTED, ServedCallScope, current_scope, routed_aiterate, routed_iterate,
-                    routing_served_calls, set_fallback)
+                    routed_run_stream, routing_served_calls, set_fallback)
 
 
 def install() -> None:
@@ -19,4 +19,4 @@ def uninstall() -> None:
 
 
 __all__ = ["EXPLAIN_ROUTED", "ServedCallScope", "current_scope", "install", "routed_aiterate", "routed_iterate",
-           "routing_served_calls", "set_fallback", "uninstall"]
+           "routed_run_stream", "routing_served_calls", "set_fallback", "uninstall"]

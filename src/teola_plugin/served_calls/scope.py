@@ -138,6 +138,19 @@ async def routed_aiterate(runtime: Any, items: AsyncIterator[T], lowers: Any = N
             await asyncio.create_task(aclose(), context=context)
 
 
+def routed_run_stream(runtime: Any, run: Any, lowers: Any = None) -> Any:
+    """A typed run stream (``stream_events`` / ``astream_events(version="v3")``, beta: LangGraph's
+    ``GraphRunStream`` / ``AsyncGraphRunStream``) whose pump pulls the graph's own stream
+    through :func:`routed_iterate` / :func:`routed_aiterate`, so its model-server calls are
+    routed whichever projection drives it. A stream pumped another way (a chat model's
+    ``ChatModelStream``) is returned as it is: its calls go to the server directly, as plain's."""
+    if getattr(run, "_graph_iter", None) is not None:
+        run._graph_iter = routed_iterate(runtime, run._graph_iter, lowers)
+    elif getattr(run, "_graph_aiter", None) is not None:
+        run._graph_aiter = routed_aiterate(runtime, run._graph_aiter, lowers)
+    return run
+
+
 # What ``explain()`` says under a list of components that run as they are (both frameworks).
 EXPLAIN_ROUTED = ("  (their calls to a model server through the openai SDK — ChatOpenAI, OpenAI, OpenAILike... — "
                   "are sent by Teola's served engines, scheduled with the other requests to that server)")
