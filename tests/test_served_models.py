@@ -193,6 +193,19 @@ def test_chat_openai_chain_returns_invokes_message(recording_proxy, runtime):
     assert got == expected and [type(x) for x in got] == [type(x) for x in expected]
     assert bodies(recording_proxy.take()) == bodies(sent_plain)
 
+    # output_version="v1" (or LC_OUTPUT_VERSION): the message's content as standard content blocks
+    blocks = model.model_copy(update={"output_version": "v1"})
+    for v1_chain in (prompt | blocks, prompt | blocks.bind_tools([add_numbers], tool_choice="add_numbers")):
+        plain = v1_chain.invoke({"question": QUESTIONS[0]})
+        teola = TeolaRunnable(v1_chain, runtime=runtime).invoke({"question": QUESTIONS[0]})
+        assert isinstance(plain.content, list) and plain.response_metadata["output_version"] == "v1"
+        assert (teola.content, teola.tool_calls, strip(teola)) == (plain.content, plain.tool_calls, strip(plain))
+
+
+def add_numbers(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
 
 def test_bound_sampling_arguments_are_lowered_with_plains_body_and_logprobs(recording_proxy, runtime):
     """``model.bind(max_tokens=..., logprobs=True, top_logprobs=..., seed=...)`` (LangChain's

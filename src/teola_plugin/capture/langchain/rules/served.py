@@ -34,6 +34,8 @@ from typing import Any
 
 from collections.abc import Mapping
 
+from langchain_core.language_models._utils import _update_message_content_to_blocks  # output_version="v1"
+
 from ...chat_parse import ChatParse
 from ...lowerable import DEFAULT_MAX_TOKENS, LLMCallSpec
 from ...served_models import UnreproducibleClient, installed_classes, server_endpoint
@@ -108,8 +110,8 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
 
     def to_result(response: Any) -> Any:
         if isinstance(response, tuple):  # a streamed call: the chunks, merged as model.stream() merges them
-            return _streamed_result(model, response)
-        return model._create_chat_result(response if parse is None else parse.parsed(response), {})
+            return _in_output_version(model, _streamed_result(model, response))
+        return _in_output_version(model, model._create_chat_result(response if parse is None else parse.parsed(response), {}))
 
     # A streamed ChatOpenAI's chunks are the server's, each converted by its own code: the role
     # chunk, the finish reason, usage, ids, the last chunk's marker. A graph run streams the
@@ -134,13 +136,30 @@ def _max_tokens(model: Any, request_kwargs: Mapping[str, Any]) -> int:
     return int(bound or model.max_tokens or DEFAULT_MAX_TOKENS)
 
 
+def _in_output_version(model: Any, result: Any) -> Any:
+    """``result`` as ``BaseChatModel._generate_with_cache`` leaves ``_generate``'s: with
+    ``output_version="v1"`` (the model's, or ``LC_OUTPUT_VERSION``), each message's content
+    as its standard content blocks."""
+    if getattr(model, "output_version", None) == "v1":
+        for generation in result.generations:
+            generation.message = _update_message_content_to_blocks(generation.message, "v1")
+    return result
+
+
 def _streamed_result(model: Any, chunks: tuple[Any, ...]) -> Any:
     from langchain_core.messages import AIMessageChunk, message_chunk_to_message
     from langchain_core.outputs import ChatGeneration, ChatResult
 
-    merged = None
+    merged, index, index_type = None, -1, ""
     for chunk in chunks:
         piece = model._convert_chunk_to_generation_chunk(chunk.model_dump(), AIMessageChunk, {})
+        if piece is not None and getattr(model, "output_version", None) == "v1":
+            # as its streamed generate: each chunk's content as blocks, indexed by run of block type
+            piece.message = _update_message_content_to_blocks(piece.message, "v1")
+            for block in piece.message.content:
+                if block["type"] != index_type:
+                    index_type, index = block["type"], index + 1
+                block.setdefault("index", index)
         if piece is not None:
             merged = piece if merged is None else merged + piece
     if merged is None:
