@@ -79,6 +79,28 @@ def test_the_docs_rag_chain_reports_plains_runs_to_handlers_collect_runs_and_eve
     assert len(teola_tokens) == len(plain_tokens) > 1
 
 
+def test_a_retriever_bound_with_config_reports_its_run_name_tags_and_metadata(model_server, retriever,
+                                                                              runtime):  # noqa: F811
+    """``retriever.with_config(run_name=..., tags=..., metadata=...)`` in the docs' RAG chain:
+    the lowered retriever's run carries them, as plain's binding passes them on."""
+    named = retriever.with_config(run_name="SquadDocs", tags=["named"], metadata={"source": "squad"})
+    chain = docs_rag_chain(named, model_server.base_url, max_tokens=12)
+    teola = same_tree(chain, QUESTIONS[1], runtime)
+    (tags,) = [tags for path, kind, tags, *_ in teola.tree() if kind == "retriever"]
+    assert "named" in tags and any(path[-1] == "SquadDocs" for path, *_ in teola.tree())
+    metadata = []
+    for runnable in (chain, TeolaRunnable(chain, runtime=runtime)):
+        with collect_runs() as runs:
+            runnable.invoke(QUESTIONS[1])
+        (root,) = runs.traced_runs
+        metadata.append([run.extra["metadata"].get("source") for run in _runs(root) if run.run_type == "retriever"])
+    assert metadata[1] == metadata[0] == ["squad"]
+
+
+def _runs(run) -> list:
+    return [run, *(r for child in run.child_runs for r in _runs(child))]
+
+
 def test_a_multi_query_retriever_reports_its_chain_and_a_retriever_run_per_query(model_server, retriever,
                                                                                    runtime):  # noqa: F811
     """Plain's ``MultiQueryRetriever`` reports its ``llm_chain``'s runs (the sequence, prompt,

@@ -213,13 +213,18 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
     return report_start, report_end
 
 
-def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callable, Callable]:
+def retriever_reporters(retriever: Any, step: str | None = None,
+                        bound: Mapping[str, Any] | None = None) -> tuple[Callable, Callable]:
     """``(report_start(query) -> run | None, report_end(run, documents) -> documents)``: what
     ``BaseRetriever.invoke`` reports around a lowered retriever's search (``on_retriever_start``
-    with its name, tags, metadata and tracing params; ``on_retriever_end`` with the documents)."""
+    with its name, tags, metadata and tracing params; ``on_retriever_end`` with the documents).
+    ``bound``: the run_name / tags / metadata of ``retriever.with_config(...)``, merged in as
+    the binding merges them."""
 
     async def report_start(query: str) -> Any:
         config = ensure_config()
+        if bound:
+            config = _under_binding(config, bound)
         manager = with_step_tag(retriever_manager(retriever, config), step)
         if not manager.handlers:
             return None
@@ -232,6 +237,18 @@ def retriever_reporters(retriever: Any, step: str | None = None) -> tuple[Callab
         return documents
 
     return report_start, report_end
+
+
+def _under_binding(config: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as a ``with_config`` binding passes it to what it binds
+    (``merge_configs(binding's, caller's)``; not called here, as it would read the context's
+    callbacks in again): the caller's run_name if any, tags together, the caller's metadata
+    over the binding's."""
+    merged = dict(config)
+    merged["run_name"] = config.get("run_name") or bound.get("run_name")
+    merged["tags"] = sorted(set(bound.get("tags") or []) | set(config.get("tags") or []))
+    merged["metadata"] = {**(bound.get("metadata") or {}), **(config.get("metadata") or {})}
+    return merged
 
 
 def retriever_manager(retriever: Any, config: Mapping[str, Any], manager: type = CallbackManager) -> Any:

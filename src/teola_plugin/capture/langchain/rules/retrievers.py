@@ -185,7 +185,7 @@ def reported_search(t: LangChainTracer, retriever: Any, search: VectorStoreRetri
     retriever_end; if the search fails, the graph run's run tree errors the run it opened."""
     origin = component_name(retriever)
     query = t.materialise(value)
-    report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever))
+    report_start, report_end = retriever_reporters(retriever, t.step_tag_of(retriever), t.bound_config_of(retriever))
     started = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("retriever_start"), inputs={"query": query},
                           outputs=["run"], attrs={"fn": report_start, "opens_run": True}, origin=origin)
     batch = t.add(Op.AGGREGATE, name="query_list", inputs={"in0": query}, attrs={"mode": "list"}, origin=origin)
