@@ -216,6 +216,40 @@ def test_an_index_with_pending_nodes_copies_and_pickles_as_plains(runtime, execu
     assert gone() is None
 
 
+def test_nodes_changed_after_their_index_call_returned_are_stored_as_they_were(runtime, executor):
+    """Plain embeds and stores the nodes during ``VectorStoreIndex(nodes)`` / ``insert_nodes``
+    (copies, the docstore's JSON): the caller editing its node objects afterwards (reusing the
+    list for another index) changes nothing stored, deferred or not."""
+    def nodes(start: int) -> list:
+        return splitter().get_nodes_from_documents(documents(3, start))
+
+    def edit(batch: list) -> None:
+        batch[0].text = "The Eiffel Tower is in Berlin."
+        for node in batch:
+            node.metadata["title"] = "edited"
+            node.excluded_embed_metadata_keys = ["title"]
+
+    def built() -> VectorStoreIndex:
+        first = nodes(0)
+        index = VectorStoreIndex(first, embed_model=TeolaEmbedding(runtime=runtime))
+        edit(first)
+        later = nodes(3)
+        index.insert_nodes(later)
+        edit(later)
+        return index
+
+    plain = built()
+    Settings.executor = executor
+    index = built()
+    assert pending(index)
+    hits = index.as_retriever(similarity_top_k=3).retrieve(QUESTIONS[0])
+    Settings.executor = None
+    assert ids(hits) == ids(plain.as_retriever(similarity_top_k=3).retrieve(QUESTIONS[0]))
+    assert_same_index(index, plain, min_nodes=6)
+    for node_id, node in plain.docstore.docs.items():
+        assert index.docstore.get_node(node_id).to_dict() == node.to_dict() and node.metadata["title"] != "edited"
+
+
 def test_a_failed_deferred_ingestion_reaches_the_caller_and_is_retried(runtime, executor, monkeypatch):
     plain = build(runtime, 3)
     want = ids(plain.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))

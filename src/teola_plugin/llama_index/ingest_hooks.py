@@ -78,8 +78,11 @@ def _deferred(index: Any, index_struct: Any, nodes: Any, insert_kwargs: dict[str
     index.__dict__["_teola_ingestion_path"] = path
     if not path.deferred:
         return False
+    # The nodes as they are now: plain embeds and stores them during this call (copies, and the
+    # docstore's JSON), so what the caller does to its node objects afterwards is not stored.
+    snapshot = [node.model_copy(deep=True) for node in nodes]
     PendingIngestion.of(index, create=True).add(
-        PendingBatch(index_struct, list(nodes), insert_kwargs, show_progress=bool(show_progress)),
+        PendingBatch(index_struct, snapshot, insert_kwargs, show_progress=bool(show_progress)),
         runtime=executor.runtime, idle_flush_s=executor.idle_flush_s)
     return True
 
