@@ -51,14 +51,18 @@ def multiset(prompts):
 
 @pytest.mark.parametrize("mode,use_async", [("tree_summarize", False), ("accumulate", True),
                                             ("compact_accumulate", False)])
-def test_same_calls_nodes_and_answer_as_plain_llamaindex(runtime, index, llm, executor, mode, use_async):
-    query_engine = engine(index, llm, mode, use_async)
+def test_same_calls_nodes_and_answer_as_plain_llamaindex(runtime, index, llm, executor, mode, use_async, capsys):
+    query_engine = engine(index, llm, mode, use_async, verbose=True)
     question = QUESTIONS[0]
+    capsys.readouterr()
     with plain_prompts() as sent_plain:
         plain = query_engine.query(question)
+    printed = capsys.readouterr().out
     with teola_prompts(runtime) as sent_teola:
         teola = executor.query(query_engine, question)
+    assert capsys.readouterr().out == printed  # verbose: a tree summarize's line per level
     if mode == "tree_summarize":
+        assert printed.count("text chunks after repacking") == 2
         assert len(sent_plain) >= 3 and len(sent_teola) == len(sent_plain)  # >= two first-level calls + final
         first_level = slice(0, len(sent_plain) - 1)
         assert multiset(sent_teola[first_level]) == multiset(sent_plain[first_level])

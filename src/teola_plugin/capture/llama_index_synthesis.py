@@ -282,6 +282,8 @@ class TreeLevels:
 
     def build(self, graph: PGraph, texts: list[str]) -> Ref:
         chunks = self.helper.repack(self.template, text_chunks=texts, llm=self.planner.llm)
+        if self.planner.synthesizer._verbose:  # its own line, at each level
+            print(f"{len(chunks)} text chunks after repacking")
         if not chunks:  # TreeSummarize itself recurses on [] until RecursionError: same type, at once
             raise RecursionError("TreeSummarize: nothing to summarize after repacking (every text was "
                                  "empty); LlamaIndex recurses without end on this input")
