@@ -1,6 +1,6 @@
 """TeolaRunnable on composite retrievers and other stores / models, on real engines.
 
-Ensemble (weighted reciprocal rank fusion by the retriever's own code), contextual
+Ensemble (weighted reciprocal rank fusion by the retriever's own code), merger (LOTR), contextual
 compression with the plugin's ``TeolaReranker`` (lowered to ``rerank``) or another
 compressor (opaque), a Chroma store searched in place, and LangChain's ``VLLM`` mapped
 onto the session's vLLM engine. Same documents, same prompts, same outputs as LangChain.
@@ -60,6 +60,26 @@ def test_ensemble_fuses_the_same_lists_the_same_way(runtime, retriever, passages
     assert {"embed", "vector_search"} <= set(ops)
     opaque = fast.explain(QUESTIONS[0]).split("Opaque components")[1]
     assert "TitleRetriever" in opaque and "rank_fusion" not in opaque and "Ensemble" not in opaque
+
+
+def test_a_merger_retriever_interleaves_the_same_lists_and_reports_its_runs(runtime, retriever, passages):
+    """``MergerRetriever`` (LOTR): each retriever a parallel branch (the vector one lowered),
+    merged by its own interleaving; the same documents and callback runs as plain's."""
+    from langchain_classic.retrievers.merger_retriever import MergerRetriever
+
+    from tests.run_trees import RunTreeRecorder
+
+    wide = retriever.vectorstore.as_retriever(search_kwargs={"k": 4})
+    lotr = MergerRetriever(retrievers=[retriever, TitleRetriever(passages=passages, k=2), wide])
+    fast = TeolaRunnable(lotr, runtime=runtime)
+    for q in QUESTIONS:
+        plain_runs, teola_runs = RunTreeRecorder(), RunTreeRecorder()
+        expected = lotr.invoke(q, {"callbacks": [plain_runs]})
+        assert fast.invoke(q, {"callbacks": [teola_runs]}) == expected and len(expected) >= 6
+        assert teola_runs.tree() == plain_runs.tree()
+    assert ops_of(fast, QUESTIONS[0]).count("vector_search") == 2
+    opaque = fast.explain(QUESTIONS[0]).split("Opaque components")[1]
+    assert "TitleRetriever" in opaque and "Merger" not in opaque
 
 
 def test_reranker_compression_is_lowered_and_equals_the_compressor(runtime, retriever):

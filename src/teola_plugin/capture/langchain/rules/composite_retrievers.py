@@ -8,6 +8,8 @@ unchanged); what combines them runs by the composite's own code, so results are 
   complete. Its runs inside are plain's: the chain's, one retriever run per query.
 * ``EnsembleRetriever``: the retrievers run as parallel branches; the fusion is the
   retriever's own ``weighted_reciprocal_rank``.
+* ``MergerRetriever`` (LOTR): the retrievers run as parallel branches; the merge is its
+  ``merge_documents``' interleaving.
 * ``MultiVectorRetriever`` / ``ParentDocumentRetriever``: the search over the small chunks
   is lowered as a vector retriever's (embed -> vector_search on the user's store, with the
   retriever's ``search_type`` and ``search_kwargs``); the parent documents are read from its
@@ -105,11 +107,15 @@ def _queries_documents(mq: Any) -> Any:
     return union
 
 
+def _member_lists(t: LangChainTracer, retrievers: list[Any], value: Value) -> dict[str, Ref]:
+    """Each member retriever lowered as a parallel branch, its run tagged as its composite's
+    child config tags it (``retriever_1``, ...): input port ``in{i}`` -> its documents."""
+    lists = t.branches([lambda i=i, r=r: t.lower(r, value, f"retriever_{i + 1}") for i, r in enumerate(retrievers)])
+    return {f"in{i}": t.materialise(v) for i, v in enumerate(lists)}
+
+
 def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
-    # each member's run tagged as EnsembleRetriever.rank_fusion's child config tags it
-    lists = t.branches([lambda i=i, r=r: t.lower(r, value, f"retriever_{i + 1}")
-                        for i, r in enumerate(ensemble.retrievers)])
-    inputs = {f"in{i}": t.materialise(v) for i, v in enumerate(lists)}
+    inputs = _member_lists(t, ensemble.retrievers, value)
     fuse_ranks = ensemble.weighted_reciprocal_rank
 
     def fuse(**ranked: Any) -> Any:
@@ -120,6 +126,26 @@ def lower_ensemble(t: LangChainTracer, ensemble: Any, value: Value) -> Value:
 
     prim = t.add(Op.OPAQUE, name="rank_fusion", inputs=inputs, outputs=[OUT], origin=component_name(ensemble),
                  attrs={"fn": fuse, "pure": True})
+    return Traced(prim.out(OUT), Kind.DOCUMENTS)
+
+
+def lower_merger(t: LangChainTracer, merger: Any, value: Value) -> Value:
+    """``MergerRetriever`` (LOTR): its retrievers as parallel branches, then its
+    ``merge_documents``' interleaving (every retriever's first document, then every second...)."""
+    from langchain_classic.retrievers.merger_retriever import MergerRetriever
+
+    redefined = ", ".join(overridden(merger, MergerRetriever, ("_get_relevant_documents", "_aget_relevant_documents",
+                                                               "merge_documents", "amerge_documents")))
+    if redefined:
+        raise NotLowerable(f"{type(merger).__name__} redefines {redefined}")
+    inputs = _member_lists(t, merger.retrievers, value)
+
+    def merge(**found: Any) -> list[Any]:
+        lists = [found[f"in{i}"] for i in range(len(found))]
+        return [docs[i] for i in range(max(map(len, lists), default=0)) for docs in lists if i < len(docs)]
+
+    prim = t.add(Op.OPAQUE, name="merge_documents", inputs=inputs, outputs=[OUT], origin=component_name(merger),
+                 attrs={"fn": merge, "pure": True})
     return Traced(prim.out(OUT), Kind.DOCUMENTS)
 
 
@@ -205,13 +231,14 @@ def _async(fn: Any) -> Any:
 
 def _register() -> None:
     try:
-        from langchain_classic.retrievers import ContextualCompressionRetriever, EnsembleRetriever
+        from langchain_classic.retrievers import ContextualCompressionRetriever, EnsembleRetriever, MergerRetriever
         from langchain_classic.retrievers.multi_query import MultiQueryRetriever
         from langchain_classic.retrievers.multi_vector import MultiVectorRetriever
     except ImportError:  # langchain-classic is optional
         return
     lowering(MultiQueryRetriever)(lower_multi_query)
     lowering(EnsembleRetriever)(lower_ensemble)
+    lowering(MergerRetriever)(lower_merger)
     lowering(ContextualCompressionRetriever)(lower_compression)
     lowering(MultiVectorRetriever)(lower_multi_vector)
 

@@ -111,7 +111,8 @@ def served_call_spec(model: Any, served_engine: Any, stop: list[str] | None,
     def to_result(response: Any) -> Any:
         if isinstance(response, tuple):  # a streamed call: the chunks, merged as model.stream() merges them
             return _in_output_version(model, _streamed_result(model, response))
-        return _in_output_version(model, model._create_chat_result(response if parse is None else parse.parsed(response), {}))
+        reply = response if parse is None else parse.parsed(response)
+        return _in_output_version(model, model._create_chat_result(reply, {}))
 
     # A streamed ChatOpenAI's chunks are the server's, each converted by its own code: the role
     # chunk, the finish reason, usage, ids, the last chunk's marker. A graph run streams the
