@@ -1398,7 +1398,7 @@ class SpanTree:
         return taken
 
 
-@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize"])
+@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize", "compact_accumulate"])
 def test_a_lowered_query_reports_plains_spans_and_events(mode, recording_proxy, squad_index, executor):
     """Span handlers (Phoenix, Langfuse) and event handlers see a lowered query as plain's: the
     same spans with the same parents (the engine's ``_query``, the retriever's ``retrieve`` /
@@ -1436,16 +1436,20 @@ def test_a_lowered_query_reports_plains_spans_and_events(mode, recording_proxy, 
     for kind in ("", " async"):
         plain, teola = seen["plain" + kind], seen["teola" + kind]
         assert teola[0] == plain[0] and plain[0]
-        if mode == "tree_summarize":  # its first calls run at once: the same spans and events, in any order
+        if mode in ("tree_summarize", "compact_accumulate"):  # calls that run at once: in any order
             assert sorted(teola[1]) == sorted(plain[1]) and sorted(teola[2]) == sorted(plain[2])
         else:
             assert teola[1] == plain[1] and teola[2] == plain[2]
         assert sorted(teola[3]) == sorted(plain[3])
     opened = {s[1:] for s in seen["plain"][1] if s[0] == "open"}
     assert {("VectorIndexRetriever._retrieve", "VectorIndexRetriever.retrieve"),
-            ("OpenAILike.predict", "DefaultRefineProgram.__call__" if mode != "tree_summarize"
-             else "TreeSummarize.get_response"),
+            ("OpenAILike.predict", {"tree_summarize": "TreeSummarize.get_response",
+                                    "compact_accumulate": "CompactAndAccumulate.get_response"}.get(
+                                        mode, "DefaultRefineProgram.__call__")),
             ("OpenAILike.chat", "OpenAILike.chat")} <= opened
+    if mode.startswith("compact"):  # its own get_response around its parent class's
+        own = f"{type(synthesizer).__name__}.get_response"
+        assert (own, own) in opened
     assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain"][3])
 
     # a call the server rejects (more new tokens than its context holds): plain's spans are dropped

@@ -171,20 +171,40 @@ class SynthesisPlanner:
     @contextlib.contextmanager
     def _get_response_spans(self, query_str: str, texts: list[str], open_span: Callable[..., Any] = span_in_building,
                             method: str = "get_response") -> Iterator[list[str] | None]:
-        """The ``get_response`` spans ``synthesize`` opens (a compact refine's own around its
-        parent's over the compacted chunks; a refine's with its events), by ``open_span``
+        """The ``get_response`` spans ``synthesize`` opens (a compacting synthesizer's own around
+        its parent's over the texts it hands on; a refine's with its events), by ``open_span``
         (the plan's, or one reported at once); yields the refine chunks when it computed them."""
         synth = self.synthesizer
         chunks = self.refine_chunks(query_str, texts)
+        handed = self.handed_on(query_str, texts, chunks)
         with contextlib.ExitStack() as stack:
-            if isinstance(synth, CompactAndRefine):
+            if handed is not None:
                 stack.enter_context(open_span(
                     synth, method, args=lambda v: {"query_str": query_str, "text_chunks": texts}))
             events = GetResponseEvents(query_str, chunks) if chunks is not None else None
+            inner = handed if handed is not None else texts
             stack.enter_context(open_span(
-                synth, method, events=events,
-                args=lambda v: {"query_str": query_str, "text_chunks": chunks if chunks is not None else texts}))
+                synth, method, events=events, args=lambda v: {"query_str": query_str, "text_chunks": inner}))
             yield chunks
+
+    def handed_on(self, query_str: str, texts: list[str], refine_chunks: list[str] | None = None
+                  ) -> list[str] | None:
+        """The texts a compacting synthesizer's ``get_response`` hands its parent class's (a
+        compact refine's compacted chunks, ``refine_chunks`` when known; a compact accumulate's
+        repacked texts); None for the others, which open one ``get_response`` span."""
+        synth = self.synthesizer
+        if isinstance(synth, CompactAndRefine):
+            return refine_chunks if refine_chunks is not None else self.refine_chunks(query_str, texts)
+        if isinstance(synth, CompactAndAccumulate):
+            return self._repacked(query_str, texts)
+        return None
+
+    def _repacked(self, query_str: str, texts: list[str]) -> list[str]:
+        """``CompactAndAccumulate.get_response``'s repacking of its texts."""
+        synth = self.synthesizer
+        template = synth._text_qa_template.partial_format(query_str=query_str)
+        with temp_set_attrs(synth._prompt_helper):
+            return synth._prompt_helper.repack(template, texts, llm=self.llm)
 
     def refine_chunks(self, query_str: str, texts: list[str]) -> list[str] | None:
         """The chunks a refine's loop goes over (a compact refine's compacted, as its
@@ -256,8 +276,7 @@ class SynthesisPlanner:
         origin = type(synth).__name__
         template = synth._text_qa_template.partial_format(query_str=query_str)
         if isinstance(synth, CompactAndAccumulate):
-            with temp_set_attrs(synth._prompt_helper):
-                texts = synth._prompt_helper.repack(template, texts, llm=self.llm)
+            texts = self._repacked(query_str, texts)
         answers = [self.llm_call(graph, template, synth._make_prompt_kwargs(packed), origin)
                    for chunk in texts
                    for packed in synth._prompt_helper.repack(template, [chunk], llm=self.llm)]

@@ -589,6 +589,7 @@ class TeolaExecutor:
         except NotLowerable:
             return None
         chunks = planner.refine_chunks(query_str, list(text_chunks))  # compacted once, as plain does
+        handed = planner.handed_on(query_str, list(text_chunks), chunks)
         graph, spans = planner.answer_calls(query_str, list(text_chunks), refine_chunks=chunks)
         answer = Trace(graph, engines=needs)
         if synthesizer._streaming:
@@ -599,18 +600,19 @@ class TeolaExecutor:
                                           spans_opened_in=opened_in)
 
             if not async_:
-                return PlannedAnswer(stream, chunks)
+                return PlannedAnswer(stream, chunks, handed)
 
             async def astream() -> Any:
                 return stream()
-            return PlannedAnswer(astream, chunks)
+            return PlannedAnswer(astream, chunks, handed)
         if async_:
             async def arun() -> Any:
                 return await self.runtime.run_async(self._run_answer(answer, _new_query_id(),
                                                                      spans.observer(graph, True)))
-            return PlannedAnswer(arun, chunks)
+            return PlannedAnswer(arun, chunks, handed)
         return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(answer, _new_query_id(),
-                                                                           spans.observer(graph, False))), chunks)
+                                                                           spans.observer(graph, False))), chunks,
+                             handed)
 
     async def _run_answer(self, answer: Trace, query_id: str, observer: Any = None) -> Any:
         """``observer``: the LLM calls' spans (inside plain's ``get_response`` ones, around this run)."""
@@ -628,6 +630,7 @@ class PlannedAnswer:
 
     run: Callable[[], Any]
     refine_chunks: list[str] | None
+    handed_on: list[str] | None = None  # what a compacting synthesizer hands its parent's get_response
 
 
 _END = object()

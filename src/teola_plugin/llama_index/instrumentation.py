@@ -157,7 +157,7 @@ def query_event(engine: Any, bundle: QueryBundle, lowered: bool) -> Iterator[Cal
 # -- a synthesizer's get_response the executor answers ----------------------------------------
 # Plain ``get_response`` is a span named after the synthesizer's class (a refine's also its
 # ``GetResponseStartEvent`` / ``GetResponseEndEvent`` over the chunks it refines); a compact
-# refine opens two, its own around its parent's over the compacted chunks. The executor's
+# refine or accumulate opens two, its own around its parent's over what it compacted. The executor's
 # answer (``TeolaExecutor.answerer``: its run and those chunks, compacted once) runs inside
 # the same.
 _ANSWER: contextvars.ContextVar[Any] = contextvars.ContextVar("teola_answer", default=None)
@@ -174,9 +174,11 @@ def _refines(synthesizer: Any) -> bool:
 
 
 def _compacts(synthesizer: Any) -> bool:
+    """Does its ``get_response`` hand its texts on to its parent class's (a second span)?"""
     from llama_index.core.response_synthesizers import CompactAndRefine
+    from llama_index.core.response_synthesizers.compact_and_accumulate import CompactAndAccumulate
 
-    return isinstance(synthesizer, CompactAndRefine)
+    return isinstance(synthesizer, (CompactAndRefine, CompactAndAccumulate))
 
 
 @refine.dispatcher.span
@@ -202,11 +204,11 @@ async def aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -
 
 
 def _compact_get_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-    return get_response.__get__(self, type(self))(query_str, _ANSWER.get().refine_chunks)
+    return get_response.__get__(self, type(self))(query_str, _ANSWER.get().handed_on)
 
 
 async def _compact_aget_response(self: Any, query_str: str, text_chunks: Sequence[str]) -> Any:
-    return await aget_response.__get__(self, type(self))(query_str, _ANSWER.get().refine_chunks)
+    return await aget_response.__get__(self, type(self))(query_str, _ANSWER.get().handed_on)
 
 
 _compact_get_response.__name__, _compact_aget_response.__name__ = "get_response", "aget_response"
