@@ -176,12 +176,14 @@ def test_an_unlowered_engine_run_by_the_executor_is_instrumented_once(recorded, 
 
 
 @pytest.mark.parametrize("async_", [False, True])
-@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize", "simple_summarize"])
+@pytest.mark.parametrize("mode", ["compact", "refine", "tree_summarize", "simple_summarize", "compact_accumulate"])
 def test_an_answer_the_executor_computes_opens_plains_get_response_spans_and_events(recorded, mode, async_):
     """A synthesizer that code running as it is calls (a chat engine, an index build) is
     answered by the executor inside the spans plain's ``get_response`` opens (a compact
-    refine: two, the inner over the compacted chunks) and a refine's ``GetResponseStart`` /
-    ``End`` events. Plain's own LLM calls (a mock here) add spans and events of their own."""
+    refine or accumulate: two, the inner over what it compacted) and a refine's
+    ``GetResponseStart`` / ``End`` events. Plain's own LLM calls (a mock here) add spans and
+    events of their own."""
+    from teola_plugin.capture.llama_index_synthesis import SynthesisPlanner
     from llama_index.core import get_response_synthesizer
     from llama_index.core.llms import MockLLM
 
@@ -189,15 +191,17 @@ def test_an_answer_the_executor_computes_opens_plains_get_response_spans_and_eve
 
     synth = get_response_synthesizer(llm=MockLLM(max_tokens=4), response_mode=mode)
     chunks = ["The Louvre is in Paris.", "Big Ben is in London."]
-    refined = synth._make_compact_text_chunks("Where?", chunks) if mode == "compact" else chunks
+    planner = SynthesisPlanner(synth, synth._llm, None, lambda graph: graph)
+    refined = planner.refine_chunks("Where?", chunks)
+    handed = planner.handed_on("Where?", chunks, refined)
     if async_:
         async def answer() -> str:
             return "answer"
-        planned = PlannedAnswer(answer, refined)
+        planned = PlannedAnswer(answer, refined, handed)
         plain = record(recorded, lambda: asyncio.run(synth.aget_response("Where?", chunks)))
         teola = record(recorded, lambda: asyncio.run(instrumentation.aanswered(synth, "Where?", chunks, planned)))
     else:
-        planned = PlannedAnswer(lambda: "answer", refined)
+        planned = PlannedAnswer(lambda: "answer", refined, handed)
         plain = record(recorded, lambda: synth.get_response("Where?", chunks))
         teola = record(recorded, lambda: instrumentation.answered(synth, "Where?", chunks, planned))
     assert teola[0] == "answer"

@@ -626,11 +626,13 @@ class TeolaExecutor:
 class PlannedAnswer:
     """A synthesizer's ``get_response`` traced for Teola's engines: ``run()`` computes it
     (awaitable for ``aget_response``); ``refine_chunks``: the chunks a refine's loop goes over
-    (a compact refine's compacted), which plain's ``GetResponseStartEvent`` carries."""
+    (a compact refine's compacted), which plain's ``GetResponseStartEvent`` carries;
+    ``handed_on``: what a compacting synthesizer's ``get_response`` hands its parent class's
+    (its second span's texts; None for the others)."""
 
     run: Callable[[], Any]
     refine_chunks: list[str] | None
-    handed_on: list[str] | None = None  # what a compacting synthesizer hands its parent's get_response
+    handed_on: list[str] | None
 
 
 _END = object()
