@@ -196,6 +196,13 @@ def binding_config(runnable: Any) -> dict[str, Any]:
     return merged
 
 
+def under_binding(config: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's ``config`` as a ``with_config`` binding (``bound``: its run_name / tags /
+    metadata) passes it to what it binds; merged here, not by ``merge_configs``, which would
+    read the context's callbacks in a second time."""
+    return {**config, **_merged(bound, config)}
+
+
 def _name(component: Any) -> str:
     get_name = getattr(component, "get_name", None)
     return get_name() if callable(get_name) else type(component).__name__
@@ -203,13 +210,14 @@ def _name(component: Any) -> str:
 
 def _merged(own: Mapping[str, Any], outer: Mapping[str, Any]) -> dict[str, Any]:
     """A binding's config under the bindings around it, as nested ``RunnableBinding``s merge
-    them (``merge_configs(self.config, caller's)``): tags add up, and for run_name and
-    metadata the outer binding's (nearer the caller) wins."""
+    them (``merge_configs(self.config, caller's)``): tags add up (sorted, as it sorts them), and
+    for run_name and metadata the outer binding's (nearer the caller) wins."""
     merged = dict(own)
     if outer.get("run_name"):
         merged["run_name"] = outer["run_name"]
-    if outer.get("tags"):
-        merged["tags"] = [*merged.get("tags", []), *[t for t in outer["tags"] if t not in merged.get("tags", [])]]
+    tags = set(own.get("tags") or []) | set(outer.get("tags") or [])
+    if tags:
+        merged["tags"] = sorted(tags)
     if outer.get("metadata"):
         merged["metadata"] = {**merged.get("metadata", {}), **outer["metadata"]}
     return merged

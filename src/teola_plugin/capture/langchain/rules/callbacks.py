@@ -36,6 +36,7 @@ from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix inv
 
 from ....runtime.framework_threads import in_framework_thread
 from ...lowerable import LLMCallSpec
+from ..run_scopes import under_binding
 from ..step_runs import with_step_tag
 
 try:  # langchain-core 1.x: the invocation params its models trace (tools, messages left out)
@@ -224,7 +225,7 @@ def retriever_reporters(retriever: Any, step: str | None = None,
     async def report_start(query: str) -> Any:
         config = ensure_config()
         if bound:
-            config = _under_binding(config, bound)
+            config = under_binding(config, bound)
         manager = with_step_tag(retriever_manager(retriever, config), step)
         if not manager.handlers:
             return None
@@ -237,18 +238,6 @@ def retriever_reporters(retriever: Any, step: str | None = None,
         return documents
 
     return report_start, report_end
-
-
-def _under_binding(config: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` as a ``with_config`` binding passes it to what it binds
-    (``merge_configs(binding's, caller's)``; not called here, as it would read the context's
-    callbacks in again): the caller's run_name if any, tags together, the caller's metadata
-    over the binding's."""
-    merged = dict(config)
-    merged["run_name"] = config.get("run_name") or bound.get("run_name")
-    merged["tags"] = sorted(set(bound.get("tags") or []) | set(config.get("tags") or []))
-    merged["metadata"] = {**(bound.get("metadata") or {}), **(config.get("metadata") or {})}
-    return merged
 
 
 def retriever_manager(retriever: Any, config: Mapping[str, Any], manager: type = CallbackManager) -> Any:
