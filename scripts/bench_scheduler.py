@@ -1,4 +1,5 @@
-"""Runtime overhead with no-op engines, in-process and through Ray actors.
+"""Runtime overhead with no-op engines: in-process, through Ray actors over their direct
+channel (the default), and through Ray actor calls only (``direct_channel=False``).
 
     .venv/bin/python scripts/bench_scheduler.py      (writes docs/benchmarks/scheduler.json)
 
@@ -44,8 +45,8 @@ def wide(n: int) -> PGraph:
     return g
 
 
-def measure(hosting: str) -> dict:
-    rt = Runtime(NOOP, hosting=hosting)
+def measure(hosting: str, direct_channel: bool = True) -> dict:
+    rt = Runtime(NOOP, hosting=hosting, direct_channel=direct_channel)
     rt.run_sync(rt.start_engines())
     res: dict = {}
     try:
@@ -76,6 +77,7 @@ def measure(hosting: str) -> dict:
         rt.run_sync(burst(64))
         res["burst_64_batch_sizes"] = dict(sorted(rt.timeline.batch_sizes("embedder").items()))
         if hosting == "ray":
+            res["transport"] = rt.engines("embedder").handles[0].transport
             res["ray_round_trip_ms"] = ray_round_trip_ms()
     finally:
         rt.shutdown()
@@ -113,7 +115,7 @@ def ray_round_trip_ms(n: int = 300) -> float:
 def main() -> int:
     report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {sys.version.split()[0]}",
               "command": "python scripts/bench_scheduler.py",
-              "local": measure("local"), "ray": measure("ray")}
+              "local": measure("local"), "ray": measure("ray"), "ray_calls": measure("ray", direct_channel=False)}
     out = Path("docs/benchmarks/scheduler.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

