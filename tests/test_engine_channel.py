@@ -73,6 +73,11 @@ class WritesAFileWhenUnpickled:
         return open, (str(self.path), "w")
 
 
+class FailsToUnpickle:
+    def __reduce__(self):
+        return int, ("not a number",)
+
+
 def test_the_channel_answers_only_connections_that_present_its_secret(runtime, call, tmp_path):
     handle = runtime.engines("embedder").handles[0]
     address = call(_remote(handle.actor.open_channel.remote()))
@@ -84,15 +89,15 @@ def test_the_channel_answers_only_connections_that_present_its_secret(runtime, c
     async def intruder(secret: bytes) -> bytes:
         reader, writer = await asyncio.open_unix_connection(address.socket)
         writer.write(secret)
-        writer.write(_frame((0, "submit_many", ([embed],))))
-        writer.write(_frame((1, "cancel", (WritesAFileWhenUnpickled(planted),))))
+        writer.write(_frame(0, "submit_many", ([embed],)))
+        writer.write(_frame(1, "cancel", (WritesAFileWhenUnpickled(planted),)))
         try:
             await writer.drain()
         except ConnectionError:  # the actor already closed it
             pass
         try:
             answer = await asyncio.wait_for(reader.read(), 10)  # closed by the actor: EOF ...
-        except ConnectionResetError:  # ... or reset, as it closed with our frames unread
+        except ConnectionError:  # ... or reset (a broken pipe), as it closed with our frames unread
             answer = b""
         writer.close()
         return answer
@@ -108,6 +113,9 @@ def test_the_channel_answers_only_connections_that_present_its_secret(runtime, c
             answers = await channel.call("submit_many", [embed])
             with pytest.raises(ValueError, match="not a request method"):
                 await channel.call("close")  # only the request methods are served
+            with pytest.raises(ValueError, match="invalid literal for int"):  # fails its own call only
+                await channel.call("cancel", [FailsToUnpickle()])
+            assert await channel.call("cancel", []) is None
             return answers
         finally:
             await channel.close()
@@ -117,7 +125,7 @@ def test_the_channel_answers_only_connections_that_present_its_secret(runtime, c
 
     async def trusted_peer_sends_the_same_frame() -> bool:  # the check above can fail
         reader, writer = await asyncio.open_unix_connection(address.socket)
-        writer.write(address.secret + _frame((1, "cancel", (WritesAFileWhenUnpickled(planted),))))
+        writer.write(address.secret + _frame(1, "cancel", (WritesAFileWhenUnpickled(planted),)))
         await writer.drain()
         for _ in range(100):
             if planted.exists():

@@ -100,7 +100,7 @@ RISKY = re.compile(r"\b(pickle\.loads?|cloudpickle\.loads?|torch\.load|joblib\.l
 # that presented the actor's secret (handed out over Ray), the trust Ray's own serialization
 # between its processes has; tests/test_engine_channel.py sends a pickle that would write a
 # file from a connection without the secret, and no file appears.
-PEER_FRAMES = ("src/teola_plugin/runtime/engine_channel.py", "return pickle.loads(await reader.readexactly(length))")
+PEER_FRAMES = ("src/teola_plugin/runtime/engine_channel.py", "return call_id, pickle.loads(body)")
 
 
 def test_the_library_never_unpickles_evals_or_trusts_remote_code():

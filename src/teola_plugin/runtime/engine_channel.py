@@ -11,11 +11,12 @@ Closed by default: the socket lives in Linux's abstract namespace (no file to le
 reachable over a network), and a connection must open with the 32-byte secret the actor
 hands out through a Ray call; nothing it sends is unpickled before that.
 
-Frames are an 8-byte length and a pickle of a tuple:
-``(call_id, method, args)`` to the actor; ``(call_id, kind, value)`` back, ``kind`` one of
-``ok`` / ``err`` (a call's answer), ``item`` / ``end`` / ``err`` (a stream's). When the
-connection closes (the actor died or closed), every call still waiting fails with Ray's
-``ActorDiedError``, as the same call through Ray would, so retries and restarts are Ray's.
+Frames are a header (call id, body length; 8 bytes each) and a pickle of a pair: ``(method,
+args)`` to the actor; ``(kind, value)`` back, ``kind`` one of ``ok`` / ``err`` (a call's
+answer), ``item`` / ``end`` / ``err`` (a stream's). A body that does not unpickle fails its
+own call only. When the connection closes (the actor died or closed), every call still
+waiting fails with Ray's ``ActorDiedError``, as the same call through Ray would, so retries
+and restarts are Ray's.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ REQUEST_CALLS = frozenset({"submit_many", "open_stream", "cancel", "close_stream
 REQUEST_STREAMS = frozenset({"resume_stream"})
 SECRET_BYTES = 32
 HANDSHAKE_S = 5.0  # how long the actor waits for a new connection's secret
-_LENGTH = struct.Struct("!Q")
+_HEADER = struct.Struct("!QQ")
+ANSWER_KINDS = ("ok", "err", "item", "end")
 
 
 def supported() -> bool:
@@ -71,22 +73,27 @@ def raised_remotely(exc: BaseException, remote_traceback: str) -> BaseException:
     return exc
 
 
-def _frame(message: tuple[Any, ...]) -> bytes:
+def _frame(call_id: int, kind: str, value: Any) -> bytes:
     from ray import cloudpickle  # exceptions and values of classes defined anywhere, as Ray pickles them
 
     try:
-        body = cloudpickle.dumps(message, protocol=5)
+        body = cloudpickle.dumps((kind, value), protocol=5)
     except Exception as exc:  # an unpicklable answer: the caller still gets a clear error
-        if message[1] not in ("ok", "err", "item"):
+        if kind not in ANSWER_KINDS:
             raise
         failure = RuntimeError(f"the engine's answer could not be sent back: {type(exc).__name__}: {exc}")
-        body = cloudpickle.dumps((message[0], "err", RemoteFailure(failure, "")), protocol=5)
-    return _LENGTH.pack(len(body)) + body
+        body = cloudpickle.dumps(("err", RemoteFailure(failure, "")), protocol=5)
+    return _HEADER.pack(call_id, len(body)) + body
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...]:
-    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    return pickle.loads(await reader.readexactly(length))
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    """The next frame's call id and its body, unpickled (or the exception unpickling raised)."""
+    call_id, length = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    body = await reader.readexactly(length)
+    try:
+        return call_id, pickle.loads(body)
+    except Exception as exc:
+        return call_id, exc
 
 
 def _failure(exc: BaseException) -> RemoteFailure:
@@ -132,10 +139,10 @@ class ChannelServer:
                 return
             while True:
                 try:
-                    call_id, method, args = await _read_frame(reader)
+                    call_id, body = await _read_frame(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return  # the handle closed (or its process died): nobody waits for answers
-                task = asyncio.get_running_loop().create_task(self._answer(writer, call_id, method, args))
+                task = asyncio.get_running_loop().create_task(self._answer(writer, call_id, body))
                 calls.add(task)
                 task.add_done_callback(calls.discard)
         finally:
@@ -146,21 +153,24 @@ class ChannelServer:
             writer.close()
             self._connections.discard(me)
 
-    async def _answer(self, writer: asyncio.StreamWriter, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+    async def _answer(self, writer: asyncio.StreamWriter, call_id: int, body: Any) -> None:
         try:
+            if isinstance(body, Exception):  # its arguments did not unpickle here
+                raise body
+            method, args = body
             if method in REQUEST_CALLS:
-                writer.write(_frame((call_id, "ok", await getattr(self.target, method)(*args))))
+                writer.write(_frame(call_id, "ok", await getattr(self.target, method)(*args)))
             elif method in REQUEST_STREAMS:
                 async for item in getattr(self.target, method)(*args):
-                    writer.write(_frame((call_id, "item", item)))
+                    writer.write(_frame(call_id, "item", item))
                     await writer.drain()
-                writer.write(_frame((call_id, "end", None)))
+                writer.write(_frame(call_id, "end", None))
             else:
                 raise ValueError(f"engine channel: {method!r} is not a request method")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            writer.write(_frame((call_id, "err", _failure(exc))))
+            writer.write(_frame(call_id, "err", _failure(exc)))
         try:
             await writer.drain()
         except ConnectionError:
@@ -230,7 +240,7 @@ class EngineChannel:
     async def _send(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         if self._closed:
             raise self._lost()
-        self._writer.write(_frame((call_id, method, args)))
+        self._writer.write(_frame(call_id, method, args))
         try:
             await self._writer.drain()
         except ConnectionError:
@@ -239,7 +249,8 @@ class EngineChannel:
     async def _read(self) -> None:
         try:
             while True:
-                call_id, kind, value = await _read_frame(self._reader)
+                call_id, body = await _read_frame(self._reader)
+                kind, value = ("err", body) if isinstance(body, Exception) else body
                 if isinstance(value, RemoteFailure):
                     value = raised_remotely(value.exc, value.traceback)
                 answer = self._calls.get(call_id)
