@@ -195,3 +195,28 @@ def test_an_app_that_fails_while_ray_is_still_starting_exits_with_its_own_error(
     assert "RuntimeError: the app failed after its first query" in r.stderr, r.stderr[-3000:]
     assert not any(word in r.stderr for word in ("Segmentation fault", "ERROR")), r.stderr[-3000:]
     assert r.stderr.count("Started a local Ray instance") == 1, r.stderr[-3000:]  # none at exit
+
+
+def test_two_runtimes_starting_at_once_share_one_ray_and_both_serve():
+    """Two apps' runtimes in one process (two executors, say) start Ray on threads of their
+    own at the same moment: one starts it, the other joins it (both used to call
+    ``ray.init``: "Perhaps you called ray.init twice by accident?"), and both serve."""
+    import subprocess
+    import sys
+
+    app = ("from teola_plugin.runtime.policies import Priority\n"
+           "from teola_plugin.runtime.runtime import Runtime, default_engine_specs\n"
+           "specs = {'embedder': default_engine_specs()['embedder']}\n"
+           "a, b = Runtime(specs, stand_ins=False), Runtime(specs, stand_ins=False)\n"
+           "starts = [a.start_in_background('embedder'), b.start_in_background('embedder')]\n"
+           "for s in starts:\n"
+           "    s.result(timeout=300)\n"
+           "for rt in (a, b):\n"
+           "    vectors, _ = rt.run_sync(rt.engines('embedder').submit('embed', {'texts': ['x']}, Priority()))\n"
+           "    print('SHAPE', vectors.shape, rt.engines('embedder').handles[0].transport, flush=True)\n"
+           "b.shutdown()\n"
+           "a.shutdown()\n")
+    r = subprocess.run([sys.executable, "-c", app], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("SHAPE (1, 384)") == 2, (r.stdout, r.stderr[-3000:])
+    assert r.stderr.count("Started a local Ray instance") == 1, r.stderr[-3000:]

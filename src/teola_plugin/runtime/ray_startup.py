@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 
 from ..errors import ConfigError
@@ -71,9 +72,18 @@ class _NoSignalHandlerNotice(logging.Filter):
         return not record.getMessage().startswith("SIGTERM handler is not set")
 
 
+_connecting = threading.Lock()  # runtimes start Ray on threads of their own: one check-then-init at a time
+
+
 def connect_ray(ray_address: str | None) -> bool:
     """Start or join Ray for a runtime; True when this call started (or joined) it, so the
-    runtime stops it at shutdown; False when this process was already connected."""
+    runtime stops it at shutdown; False when this process was already connected (another
+    runtime, even one starting at the same moment, or the user connected it)."""
+    with _connecting:
+        return _connect_ray(ray_address)
+
+
+def _connect_ray(ray_address: str | None) -> bool:
     import ray
 
     worker_log = logging.getLogger("ray._private.worker")
