@@ -42,14 +42,19 @@ def main() -> int:
         outs = await asyncio.gather(*(rt.execute(g, {"question": x}, timeout_s=120) for x in questions))
         nodes = {name: [await h.node_id() for h in rt.engines(name).handles] for name in specs}
         stats = {name: await rt.engines(name).stats() for name in specs}
-        return outs, nodes, stats
+        transports = {name: [h.transport for h in rt.engines(name).handles] for name in specs}
+        return outs, nodes, stats, transports
 
     try:
-        outs, nodes, stats = rt.run_sync(run_all(), timeout=300)
+        outs, nodes, stats, transports = rt.run_sync(run_all(), timeout=300)
+        import ray
+
         report = {
             "answered": sum(1 for o in outs if o["hits"] and len(o["vectors"]) == 1),
             "top1": [o["hits"][0][0].id for o in outs],
             "nodes": nodes,
+            "driver_node": ray.get_runtime_context().get_node_id(),
+            "transports": transports,
             "embedder_batches": [s["batches_run"] for s in stats["embedder"]],
         }
     finally:

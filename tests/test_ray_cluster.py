@@ -27,6 +27,11 @@ def test_queries_run_across_a_two_node_cluster():
     embed_nodes = set(report["nodes"]["embedder"])
     assert len(search_node) == 1 and len(embed_nodes) == 1 and search_node != embed_nodes
     assert all(n > 0 for n in report["embedder_batches"]), "both embedder replicas should serve"
+    # the direct channel only to an actor on the driver's node; Ray calls to the other node's
+    for name, node_ids in report["nodes"].items():
+        expected = ["channel" if n == report["driver_node"] else "ray" for n in node_ids]
+        assert report["transports"][name] == expected, (name, report)
+    assert sorted(set(report["transports"]["search"] + report["transports"]["embedder"])) == ["channel", "ray"]
     # BM25 finds each SQuAD question's own passage for most questions
     questions = datasets.load_questions("squad-xquad-en", limit=24)
     hits = sum(top == q.supporting_ids[0] for top, q in zip(report["top1"], questions))
