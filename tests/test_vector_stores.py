@@ -13,6 +13,7 @@ by the LangChain / LlamaIndex test files.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,3 +194,58 @@ def test_llama_index_stores_users_run_are_searched_in_place(kind, runtime, chrom
             differs.append([n.node.node_id for n in plain])
     if kind in ("simple", "chroma-server"):  # stores with an MMR search of their own: it chose otherwise
         assert differs[:2] != differs[2:]
+
+
+def test_a_llama_index_qdrant_store_answers_an_async_retrieve_with_its_async_client_as_plain(runtime):
+    """Qdrant's ``aquery`` is its own (the ``AsyncQdrantClient``): plain's ``aretrieve`` /
+    ``aquery`` search with it, so a lowered async search does too, on the caller's loop. With
+    both clients, LlamaIndex's async demo: plain's nodes; with only an async client (the sync
+    path would fail: no client); with only a sync client, plain's own error."""
+    import asyncio
+
+    import qdrant_client
+    from llama_index.core import Document as LlamaDocument
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+    from llama_index.vector_stores.qdrant import QdrantVectorStore
+
+    from teola_plugin.llama_index import TeolaExecutor
+
+    embed = HuggingFaceEmbedding(model_name=str(default_model_path()))
+    documents = [LlamaDocument(text=t, id_=str(i)) for i, t in enumerate(PASSAGES[:6])]
+    executor = TeolaExecutor(runtime=runtime)
+
+    async def build(name: str, **clients):
+        store = QdrantVectorStore(collection_name=name, **clients)
+        index = VectorStoreIndex(nodes=[], storage_context=StorageContext.from_defaults(vector_store=store),
+                                 embed_model=embed, use_async=True)
+        for document in documents:
+            await index.ainsert(document)
+        return index.as_retriever(similarity_top_k=2)
+
+    async def both(retriever):
+        try:
+            plain = await retriever.aretrieve(QUESTIONS[0])
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=re.escape(str(exc))):
+                await executor.aretrieve(retriever, QUESTIONS[0])
+            return str(exc).splitlines()[0]
+        teola = await executor.aretrieve(retriever, QUESTIONS[0])
+        assert executor.traced(retriever).opaque == []
+        assert [(n.node.node_id, round(n.score, 4)) for n in teola] == [(n.node.node_id, round(n.score, 4))
+                                                                        for n in plain]
+        return "same nodes"
+
+    async def cases():
+        async_only = await build("a", aclient=qdrant_client.AsyncQdrantClient(location=":memory:"))
+        pair = await build("b", client=qdrant_client.QdrantClient(location=":memory:"),
+                           aclient=qdrant_client.AsyncQdrantClient(location=":memory:"))
+        return [await both(async_only), await both(pair)]
+
+    assert asyncio.run(cases()) == ["same nodes", "same nodes"]
+
+    # only a sync client: plain's aretrieve raises; so does Teola's
+    store = QdrantVectorStore(client=qdrant_client.QdrantClient(location=":memory:"), collection_name="s")
+    index = VectorStoreIndex.from_documents(documents, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=embed)
+    assert asyncio.run(both(index.as_retriever(similarity_top_k=2))) == "Async client is not initialized!"

@@ -121,6 +121,13 @@ def check_vector_retriever(retriever: VectorIndexRetriever) -> None:
         raise NotLowerable(f"query mode {retriever._vector_store_query_mode.value!r} is not lowered")
 
 
+def has_own_async_query(store: Any) -> bool:
+    """Is ``store.aquery`` its own code, not LlamaIndex's default that calls ``query``?"""
+    from llama_index.core.vector_stores.types import BasePydanticVectorStore
+
+    return getattr(type(store), "aquery", None) is not BasePydanticVectorStore.aquery
+
+
 def store_index(tr: LlamaIndexTracer, retriever: VectorIndexRetriever) -> tuple[Ref, str]:
     """The graph input naming ``retriever``'s store (searched in place) and its engine's name;
     when the index has deferred documents, the handle comes out of their ``vector_insert``
@@ -143,8 +150,11 @@ def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRet
     origin = type(retriever).__name__
     vectors = tr.lower_query_vector(retriever._embed_model, origin)
     index, engine = store_index(tr, retriever)
+    attrs: dict[str, Any] = {"top_k": retriever.similarity_top_k, "est_items": 1}
+    if has_own_async_query(retriever._vector_store):  # plain's aretrieve uses it (Qdrant's async client)
+        attrs["async_search"] = True
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine,
-                    attrs={"top_k": retriever.similarity_top_k, "est_items": 1}, origin=origin)
+                    attrs=attrs, origin=origin)
 
     def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
         # a query with no text: plain's own search without a vector (its store's nodes or error)

@@ -25,6 +25,7 @@ import threading
 from typing import Any, ClassVar
 
 from ..errors import EngineInputError
+from ..runtime.caller import on_loop
 from .base import Engine
 from .user_object import UserObjectRef
 
@@ -122,8 +123,27 @@ class LlamaIndexStoreEngine(Engine):
             if r.get("index") not in self._retrievers:
                 raise EngineInputError(f"search request {i}: unknown index {r.get('index')!r} on engine "
                                        f"{self.name!r} (bound: {sorted(self._retrievers)})")
-        # Stores are synchronous Python; keep the event loop free while they run.
-        return await asyncio.to_thread(self._search_all, requests)
+        # A store's own async search serves an async caller, on its loop, as plain's aretrieve
+        # (Qdrant's async client); the rest is synchronous Python, off the event loop.
+        mine = [i for i, r in enumerate(requests) if r.get("caller_loop") is None]
+        found = dict(zip(mine, await asyncio.to_thread(self._search_all, [requests[i] for i in mine])))
+        for i, r in enumerate(requests):
+            if i not in found:
+                found[i] = await self._search_as_the_caller(r)
+        return [found[i] for i in range(len(requests))]
+
+    async def _search_as_the_caller(self, request: dict[str, Any]) -> list[list[Any]]:
+        from llama_index.core.schema import QueryBundle
+
+        from ..llama_index.pending_ingestion import no_flush
+
+        retriever = self._retrievers[request["index"]]()
+
+        async def search(vector: list[float]) -> list[Any]:
+            with no_flush():  # the run searches what it joined
+                return await retriever._aget_nodes_with_embeddings(QueryBundle(query_str="", embedding=vector))
+
+        return [await on_loop(request["caller_loop"], search, row.tolist()) for row in request["vectors"]]
 
     def _search_all(self, requests: list[dict[str, Any]]) -> list[list[list[Any]]]:
         from ..llama_index.pending_ingestion import no_flush

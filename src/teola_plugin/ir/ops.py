@@ -133,7 +133,9 @@ OPS: Mapping[Op, OpSpec] = MappingProxyType({
               "vector_store", batchable=True, splittable=True, split_inputs=("vectors",),
               split_outputs=("hits",),
               attrs={"top_k": "hits per vector",
-                     "store_search": "a user's store searched by its own method (runtime.values.StoreSearch)"},
+                     "store_search": "a user's store searched by its own method (runtime.values.StoreSearch)",
+                     "async_search": "a user's store whose async search is its own: an async caller's "
+                                     "search runs it, on the caller's loop"},
               doc="nearest neighbours, one ranked list per vector"),
         _spec(Op.RERANK, {"query": T.TEXT, "hits": T.HITS}, {"hits": T.HITS}, "reranker",
               batchable=True, attrs={"top_n": "hits kept"}, doc="re-score hits against the query, keep the best"),

@@ -36,6 +36,13 @@ async def calling_from(caller_loop: asyncio.AbstractEventLoop | None, work: Awai
         _CALLER_LOOP.reset(token)
 
 
+def caller_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop of the async call this graph run serves (None: a sync call). An engine that runs
+    user code takes it in a request to run that code's async variant there (a LlamaIndex vector
+    store's own ``aquery``)."""
+    return _CALLER_LOOP.get()
+
+
 async def as_the_caller_calls(sync_call: Callable[..., T], async_call: Callable[..., Awaitable[T]],
                               *args: Any, **kwargs: Any) -> T:
     """``async_call(...)`` on the caller's loop under an async call, else ``sync_call(...)``
@@ -43,8 +50,14 @@ async def as_the_caller_calls(sync_call: Callable[..., T], async_call: Callable[
     caller = _CALLER_LOOP.get()
     if caller is None or caller.is_closed():
         return await in_framework_thread(sync_call, *args, **kwargs)
-    if caller is asyncio.get_running_loop():
+    return await on_loop(caller, async_call, *args, **kwargs)
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop, async_call: Callable[..., Awaitable[T]],
+                  *args: Any, **kwargs: Any) -> T:
+    """``async_call(...)`` awaited on ``loop`` (a caller's), from whichever loop runs this."""
+    if loop is asyncio.get_running_loop():
         return await async_call(*args, **kwargs)
     # On the caller's loop, as plain (the handle carries this context there); cancelling
     # this (the query's timeout) cancels it there.
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(async_call(*args, **kwargs), caller))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(async_call(*args, **kwargs), loop))

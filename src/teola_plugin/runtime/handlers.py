@@ -20,6 +20,7 @@ import numpy as np
 from ..ir import semantics
 from ..ir.expansion import Expansion
 from ..ir.node import Primitive
+from .caller import caller_loop
 from .framework_threads import in_framework_thread
 from .values import Document, IndexHandle, LLMState, as_document
 
@@ -124,6 +125,8 @@ class PrimitiveHandlers:
         request = {"index": index.name, "vectors": np.stack(vectors), "k": int(prim.attrs.get("top_k", 5))}
         if "store_search" in prim.attrs:  # only engines serving a user's store take it
             request["store_search"] = prim.attrs["store_search"]
+        if prim.attrs.get("async_search"):  # a user's store with an async search of its own
+            request["caller_loop"] = caller_loop()
         return {"hits": await ctx.submit("search", request, route_key=index.name)}
 
     async def rerank(self, prim, inputs, ctx):
