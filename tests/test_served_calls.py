@@ -578,18 +578,21 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
         | chat_openai(recording_proxy.base_url, max_tokens=96) | StrOutputParser()
     inputs = [{"topic": "cats"}, {"subject": "dogs"}, {"topic": "owls"}, {"topic": "bees"}]
     fast = TeolaRunnable(chain, runtime=served_runtime)
+    causes = []
     for runner in (chain, fast):
         for call in (runner.batch, lambda *a: asyncio.run(runner.abatch(*a))):
             runs = RootRuns()
-            with pytest.raises(KeyError):
+            with pytest.raises(KeyError) as raised:
                 call(inputs, {"callbacks": [runs]})
             assert runs.ended == ["KeyError"] * 4, runner
+            causes.append((repr(raised.value.__cause__), raised.value.__suppress_context__))
+    assert causes[2:] == causes[:2]  # the error as raised: its own cause kept
     assert_server_and_engines_idle(model_server, served_runtime)  # the cancelled inputs' requests aborted
 
     def refuse_dogs(x: dict) -> dict:
         if x["topic"] == "dogs":
             time.sleep(0.5)  # the other inputs' model calls are under way by now
-            raise ValueError("no dogs")
+            raise ValueError("no dogs") from LookupError("dogs are not served")  # (as LangChain's `from e`)
         return x
 
     # the others' model calls are stopped mid-way: their started runs end (with the error)
@@ -598,19 +601,33 @@ def test_a_batch_input_that_fails_stops_the_others_as_plain(model_server, record
     for call in (TeolaRunnable(refusing, runtime=served_runtime).batch,
                  lambda *a: asyncio.run(TeolaRunnable(refusing, runtime=served_runtime).abatch(*a))):
         runs = RootRuns()
-        with pytest.raises(ValueError, match="no dogs"):
+        with pytest.raises(ValueError, match="no dogs") as raised:
             call(both, {"callbacks": [runs]})
         assert runs.models == set() and "ValueError" in runs.ended and "KeyError" not in runs.ended
+        assert repr(raised.value.__cause__) == "LookupError('dogs are not served')"  # (from None dropped it)
     answered = fast.batch(inputs[:3], return_exceptions=True)
     assert isinstance(answered[1], KeyError) and all(isinstance(a, str) and a for a in answered[::2])
 
 
 def test_picking_several_keys_is_lowered_into_plains_addable_dict(recording_proxy, served_runtime):
     """``.pick(["answer", "question"])`` (LangChain's RAG-with-sources pattern): lowered, the
-    same ``AddableDict`` of the keys the input holds, as plain's ``_pick`` builds it."""
+    same ``AddableDict`` of the keys the input holds, as plain's ``_pick`` builds it, returned
+    and reported (the pick's run ends with it)."""
+    from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.runnables import RunnablePassthrough
+
+    class PickEnds(BaseCallbackHandler):
+        def __init__(self):
+            self.names, self.ends = {}, []
+
+        def on_chain_start(self, serialized, inputs, *, run_id, name=None, **kwargs):
+            self.names[run_id] = name
+
+        def on_chain_end(self, outputs, *, run_id, **kwargs):
+            if (self.names.get(run_id) or "").startswith("RunnablePick"):
+                self.ends.append((type(outputs).__name__, dict(outputs)))
 
     recording_proxy.replay = True
     answer = ChatPromptTemplate.from_template("Answer briefly: {question}") | chat_openai(recording_proxy.base_url) \
@@ -621,9 +638,11 @@ def test_picking_several_keys_is_lowered_into_plains_addable_dict(recording_prox
         chain = with_answer.pick(keys)
         fast = TeolaRunnable(chain, runtime=served_runtime)
         assert fast._plan(x).trace.opaque == []
-        expected = chain.invoke(x)
-        got = fast.invoke(x)
+        plain_ends, teola_ends = PickEnds(), PickEnds()
+        expected = chain.invoke(x, {"callbacks": [plain_ends]})
+        got = fast.invoke(x, {"callbacks": [teola_ends]})
         assert got == expected and type(got) is type(expected) and list(got) == list(expected)
+        assert teola_ends.ends == plain_ends.ends and plain_ends.ends[0][0] == "AddableDict"
 
 
 def test_a_legacy_chain_wrapped_is_called_as_plain_with_its_requests_relayed(recording_proxy, served_runtime):

@@ -37,12 +37,13 @@ class BatchGroup:
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            if self.failure is not None:
-                raise self.failure from None
-            raise
+            if self.failure is None:
+                raise
+            failure = self.failure
         except BaseException as exc:
             future.cancel()  # a timeout or Ctrl-C on this thread stops its own run too
-            raise self.stopped_by(exc) from None
+            failure = self.stopped_by(exc)
+        raise failure  # out of the handler: its own cause and context stay (LangChain's `from e`)
 
     async def arun(self, runtime: Any, coro: Awaitable[Any]) -> Any:
         """``await runtime.run_async(coro)`` as a member (``abatch``: each input a task)."""
@@ -51,12 +52,13 @@ class BatchGroup:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            if self.failure is not None and future.cancelled():
-                raise self.failure from None
-            future.cancel()  # its caller cancelled it: its run stops too
-            raise
+            if self.failure is None or not future.cancelled():
+                future.cancel()  # its caller cancelled it: its run stops too
+                raise
+            failure = self.failure
         except BaseException as exc:
-            raise self.stopped_by(exc) from None
+            failure = self.stopped_by(exc)
+        raise failure  # as in run()
 
     async def _member(self, coro: Awaitable[Any]) -> Any:
         """``coro`` on the runtime loop as the group's: its task is what ``fail`` cancels, so
@@ -114,7 +116,11 @@ def stopping(group: BatchGroup | None) -> Iterator[None]:
     """An error before a member's graph run starts (its plan) stops the group too."""
     try:
         yield
+        return
     except Exception as exc:
         if group is None:
             raise
-        raise group.stopped_by(exc) from None
+        failure = group.stopped_by(exc)
+        if failure is exc:
+            raise  # as it was raised
+    raise failure  # the batch's first error, out of the handler (its cause and context stay)

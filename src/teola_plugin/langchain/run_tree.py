@@ -269,8 +269,8 @@ class RunTree:
         if isinstance(value, Traced):
             ref = self.graph.where_is(value.ref)
             return None if ref is None else await _shared(self._future(ref))
-        if isinstance(value, Record):
-            return {k: await self._value(v) for k, v in value.fields}
+        if isinstance(value, Record):  # built as its component builds it (a pick's AddableDict)
+            return value.dict_type({k: await self._value(v) for k, v in value.fields})
         if isinstance(value, ChatReply):
             message = await self._value(Traced(value.message)) if value.message is not None else None
             return message if message is not None else AIMessage(content=await self._value(value.text))
