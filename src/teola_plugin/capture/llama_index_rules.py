@@ -6,7 +6,8 @@
   query mode: ``embed`` (on the embedder engine when it computes the model's vectors, on a served
   engine for a served model) -> query vector -> ``vector_search`` on the
   user's own store (``LlamaIndexStoreEngine``) -> the retriever's recursive-retrieval
-  step.
+  step. Under an async call, a store whose ``aquery`` is its own (Qdrant's async client) is
+  searched by it, on the caller's loop, as plain's ``aretrieve`` searches.
 * ``AutoMergingRetriever``: its vector retriever (lowered) -> its own merging into parents.
 * Node postprocessors that are plain functions of (nodes, query) (and of the docstore:
   ``PrevNextNodePostprocessor``): the framework's own ``postprocess_nodes`` as a CPU step.
