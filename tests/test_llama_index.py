@@ -581,3 +581,59 @@ def test_an_index_built_per_request_is_not_kept_alive_by_the_runtime(runtime, in
     assert ids(executor.retrieve(index.as_retriever(similarity_top_k=2), QUESTIONS[0])) == ids(
         index.as_retriever(similarity_top_k=2).retrieve(QUESTIONS[0]))
     assert len(served._retrievers) == 1  # binding forgets the collected ones (not only hides them)
+
+
+def test_an_index_nodes_object_is_retrieved_as_the_caller_retrieves_with_the_callers_embedding(runtime, executor):
+    """``VectorStoreIndex(objects=[IndexNode(obj=retriever)])``: plain's ``retrieve`` sets the
+    query's embedding on the caller's ``QueryBundle`` (``aretrieve`` does not) and reaches the
+    object with that bundle; an async call reaches it through its async methods
+    (``aretrieve``). Teola: the same bundles, the same retriever spans, the same nodes."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+    from llama_index.core.schema import IndexNode
+
+    names: list[str] = []
+
+    class Opened(BaseSpanHandler):
+        @classmethod
+        def class_name(cls) -> str:
+            return "Opened"
+
+        def new_span(self, id_, bound_args, instance=None, parent_span_id=None, tags=None, **kwargs):
+            if id_.startswith("VectorIndexRetriever"):
+                names.append(id_.split("-")[0])
+
+        def prepare_to_exit_span(self, *args, **kwargs):
+            return None
+
+        def prepare_to_drop_span(self, *args, **kwargs):
+            return None
+
+    embed = TeolaEmbedding(runtime=runtime)
+    passages = datasets.load_corpus("squad-xquad-en")[:4]
+    inner = VectorStoreIndex.from_documents([Document(text=p.text, id_=p.id) for p in passages], embed_model=embed)
+    top = VectorStoreIndex(objects=[IndexNode(text=passages[0].title, index_id="inner",
+                                              obj=inner.as_retriever(similarity_top_k=2))], embed_model=embed)
+    retriever = top.as_retriever(similarity_top_k=1)
+    assert executor.traced(retriever).opaque == []
+    opened = Opened()
+    get_dispatcher().span_handlers.append(opened)
+    try:
+        seen = {}
+        for side in ("plain", "teola"):
+            Settings.executor = executor if side == "teola" else None
+            bundles = [QueryBundle(QUESTIONS[0]), QueryBundle(QUESTIONS[0])]
+            names.clear()
+            nodes = retriever.retrieve(bundles[0])
+            sync_spans = list(names)
+            names.clear()
+            anodes = asyncio.run(retriever.aretrieve(bundles[1]))
+            seen[side] = (ids(nodes), ids(anodes), sync_spans, list(names),
+                          [len(b.embedding or []) for b in bundles], bundles[0].embedding)
+    finally:
+        Settings.executor = None
+        get_dispatcher().span_handlers.remove(opened)
+    plain, teola = seen["plain"], seen["teola"]
+    assert teola[:5] == plain[:5] and plain[0]
+    assert plain[3].count("VectorIndexRetriever.aretrieve") == 2 and plain[4] == [384, 0]
+    assert teola[5] == pytest.approx(plain[5], abs=1e-5)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .common import ComponentNote, NotLowerable, Trace  # noqa: F401  (the rules import NotLowerable from here too)
-from ..runtime.caller import as_the_caller_calls
+from ..runtime.caller import as_the_caller_calls, caller_loop
 from ..ir.graph import PGraph
 from ..ir.node import Primitive, Ref
 from ..ir.ops import Op
@@ -77,7 +78,16 @@ def in_passthrough(component: Any = None) -> bool:
 
 
 def framework_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` made safe to run as a lowering's CPU step (it may call framework entry points)."""
+    """``fn`` made safe to run as a lowering's CPU step (it may call framework entry points);
+    an async ``fn`` runs inside it as it is awaited."""
+    if inspect.iscoroutinefunction(fn):
+        async def acall(**inputs: Any) -> Any:
+            with framework_passthrough():
+                return await fn(**inputs)
+
+        acall.__qualname__ = getattr(fn, "__qualname__", "framework_call")
+        return acall
+
     def call(**inputs: Any) -> Any:
         with framework_passthrough():
             return fn(**inputs)
@@ -364,7 +374,12 @@ class LlamaIndexTracer:
             def query_vector(query: Any, vectors: list[Any]) -> list[Any]:
                 if query.embedding is not None:
                     return [query.embedding]
-                return [mean_agg([list(map(float, v)) for v in vectors])] if vectors else []
+                if not vectors:
+                    return []
+                embedding = mean_agg([list(map(float, v)) for v in vectors])
+                if caller_loop() is None:  # plain's _retrieve sets it on the caller's bundle (not _aretrieve)
+                    query.embedding = embedding
+                return [embedding]
 
             return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": vectors}, origin)
 
@@ -373,7 +388,10 @@ class LlamaIndexTracer:
                 return []
             if query.embedding is not None:
                 return [query.embedding]
-            return [embed_model.get_agg_embedding_from_queries(query.embedding_strs)]
+            embedding = embed_model.get_agg_embedding_from_queries(query.embedding_strs)
+            if caller_loop() is None:  # plain's _retrieve sets it on the caller's bundle (not _aretrieve)
+                query.embedding = embedding
+            return [embedding]
 
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
 

@@ -42,6 +42,7 @@ from ..engines.llama_index_store import LlamaIndexStoreEngine
 from ..ir.node import Ref
 from ..ir.ops import Op
 from ..ir.ports import PortType
+from ..runtime.caller import as_the_caller_calls
 from ..runtime.engine_needs import EngineNeeds
 from ..runtime.values import IndexHandle
 from .llama_index import (
@@ -157,14 +158,22 @@ def lower_vector_index_retriever(tr: LlamaIndexTracer, retriever: VectorIndexRet
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": vectors}, engine=engine,
                     attrs=attrs, origin=origin)
 
-    def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
+    def found(query: Any, hits: list[list[Any]]) -> list[Any]:
         # a query with no text: plain's own search without a vector (its store's nodes or error)
-        found = retriever._get_nodes_with_embeddings(query) if has_no_vector(query) else hits[0]
-        # BaseRetriever.retrieve's step after _retrieve: IndexNode objects, de-duplication.
-        return retriever._handle_recursive_retrieval(query, found)
+        return retriever._get_nodes_with_embeddings(query) if has_no_vector(query) else hits[0]
 
-    return tr.cpu_step("retrieved_nodes", retrieved_nodes, {"query": tr.query, "hits": search.out()}, origin,
-                       pure=not retriever.object_map)
+    def retrieved_nodes(query: Any, hits: list[list[Any]]) -> list[Any]:
+        # BaseRetriever.retrieve's step after _retrieve: IndexNode objects, de-duplication.
+        return retriever._handle_recursive_retrieval(query, found(query, hits))
+
+    async def retrieved_objects(query: Any, hits: list[list[Any]]) -> list[Any]:
+        # IndexNode objects (a query engine, a retriever) are queried as the caller queries:
+        # aretrieve's step awaits their async methods, on the caller's loop
+        return await as_the_caller_calls(retriever._handle_recursive_retrieval,
+                                         retriever._ahandle_recursive_retrieval, query, found(query, hits))
+
+    return tr.cpu_step("retrieved_nodes", retrieved_objects if retriever.object_map else retrieved_nodes,
+                       {"query": tr.query, "hits": search.out()}, origin, pure=not retriever.object_map)
 
 
 @lowering_rule(RETRIEVER_RULES, AutoMergingRetriever)
