@@ -380,6 +380,34 @@ def test_server_errors_reach_the_caller_as_plain_raises_them(failure, model_serv
         assert str(executor.query(squad_index.as_query_engine(llm=ok, similarity_top_k=1), QUESTIONS[1]))
 
 
+def test_a_server_that_never_answers_fails_the_first_call_about_when_the_clients_timeout_says(squad_index,
+                                                                                              executor):
+    """A model object with a short ``timeout`` against a server that accepts connections and
+    never answers: plain raises ``APITimeoutError`` after the timeout. So does Teola's first call,
+    whose new served engine probes the server's features first: the probes wait no longer than
+    the client's own timeout (they waited 5 s each, so the first call took ~10x the timeout)."""
+    import socket
+    import threading
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    held: list = []
+    threading.Thread(target=lambda: [held.append(silent.accept()) for _ in iter(int, 1)], daemon=True).start()
+    base_url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+    try:
+        engine = squad_index.as_query_engine(llm=openai_like(base_url, is_chat_model=True, context_window=2048,
+                                                             timeout=0.5, max_retries=0), similarity_top_k=1)
+        plain = _raised(lambda: engine.query(QUESTIONS[0]))
+        began = time.monotonic()
+        teola = _raised(lambda: executor.query(engine, QUESTIONS[0]))
+        took = time.monotonic() - began
+        assert isinstance(plain, openai.APITimeoutError) and type(teola) is type(plain)
+        assert took < 4.0, f"the first call took {took:.1f} s with a 0.5 s client timeout"
+    finally:
+        silent.close()
+
+
 @pytest.mark.parametrize("fault", ["500", "drop"])
 def test_a_failed_or_cut_off_reply_and_a_restarted_server_behave_as_plain(fault, recording_proxy, squad_index,
                                                                           executor, runtime):

@@ -36,7 +36,8 @@ from urllib.parse import urlsplit
 
 from ..errors import EngineInputError
 from .generation import Generation, GenerationDelta, LLMEngine, PrefillResult
-from .server_features import PrefixCache, PriorityScheduling, detect_prefix_cache, detect_scheduling
+from .server_features import (PrefixCache, PriorityScheduling, detect_prefix_cache, detect_scheduling,
+                              probe_timeout_s)
 
 if TYPE_CHECKING:
     from ..runtime.policies import Priority
@@ -135,8 +136,9 @@ class OpenAICompatibleEngine(LLMEngine):
         self._client = openai.AsyncOpenAI(**kwargs)
         setattr(self._client, ENGINE_CLIENT_MARK, True)
         headers = {**self.default_headers, "Authorization": f"Bearer {self._api_key}"}
-        self.prefix_cache, self.scheduling = await asyncio.gather(detect_prefix_cache(self.base_url, headers),
-                                                                  detect_scheduling(self.base_url, headers))
+        probe_s = probe_timeout_s(self.timeout)
+        self.prefix_cache, self.scheduling = await asyncio.gather(detect_prefix_cache(self.base_url, headers, probe_s),
+                                                                  detect_scheduling(self.base_url, headers, probe_s))
 
     async def _unload(self) -> None:
         if self._client is not None:

@@ -22,6 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 PROBE_TIMEOUT_S = 5.0  # once, when the engine starts; a busy server on shared cores may take a while
+# (at most the client's own timeout: the first request waits for the probes, and a server that
+# does not answer must fail it about when the user's client would)
 _CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -60,22 +62,30 @@ def parse_prefix_cache(metrics: str, url: str) -> PrefixCache:
                                        f"block_size={labels.get('block_size')}")
 
 
-async def detect_prefix_cache(base_url: str, headers: dict[str, Any] | None = None) -> PrefixCache:
-    """Ask the server's metrics (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
+async def detect_prefix_cache(base_url: str, headers: dict[str, Any] | None = None,
+                              timeout_s: float = PROBE_TIMEOUT_S) -> PrefixCache:
+    """Ask the server's metrics (one GET within ``timeout_s``); unknown when it cannot say."""
     url = metrics_url(base_url)
-    reply, why = await _probe(url, headers)
+    reply, why = await _probe(url, headers, timeout_s)
     if reply is None:
         return PrefixCache(None, 0, why)
     return parse_prefix_cache(reply.text, url)
 
 
-async def _probe(url: str, headers: dict[str, Any] | None) -> tuple[Any, str]:
-    """One GET of ``url`` within ``PROBE_TIMEOUT_S``: ``(reply, "")`` on HTTP 200, else
+def probe_timeout_s(client_timeout: Any) -> float:
+    """How long a probe may take: ``PROBE_TIMEOUT_S``, or less where the client's timeout is."""
+    if isinstance(client_timeout, (int, float)) and not isinstance(client_timeout, bool) and client_timeout > 0:
+        return min(PROBE_TIMEOUT_S, float(client_timeout))
+    return PROBE_TIMEOUT_S
+
+
+async def _probe(url: str, headers: dict[str, Any] | None, timeout_s: float) -> tuple[Any, str]:
+    """One GET of ``url`` within ``timeout_s``: ``(reply, "")`` on HTTP 200, else
     ``(None, why not)``."""
     import httpx
 
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers or None) as client:
+        async with httpx.AsyncClient(timeout=timeout_s, headers=headers or None) as client:
             reply = await client.get(url)
     except httpx.HTTPError as exc:
         return None, f"{url} did not answer ({type(exc).__name__})"
@@ -106,10 +116,11 @@ def parse_scheduling(info: Any, url: str) -> PriorityScheduling:
     return PriorityScheduling(policy == "priority", f"{url}: scheduler policy {policy!r}")
 
 
-async def detect_scheduling(base_url: str, headers: dict[str, Any] | None = None) -> PriorityScheduling:
-    """Ask the server's ``/server_info`` (one GET, ``PROBE_TIMEOUT_S``); unknown when it cannot say."""
+async def detect_scheduling(base_url: str, headers: dict[str, Any] | None = None,
+                            timeout_s: float = PROBE_TIMEOUT_S) -> PriorityScheduling:
+    """Ask the server's ``/server_info`` (one GET within ``timeout_s``); unknown when it cannot say."""
     url = server_info_url(base_url)
-    reply, why = await _probe(url, headers)
+    reply, why = await _probe(url, headers, timeout_s)
     if reply is None:
         return PriorityScheduling(None, f"{why} (vLLM serves it with VLLM_SERVER_DEV_MODE=1): requests are "
                                         "ordered by Teola's admission")
