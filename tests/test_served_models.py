@@ -408,6 +408,31 @@ def test_a_server_that_never_answers_fails_the_first_call_about_when_the_clients
         silent.close()
 
 
+def test_a_rejected_lowered_call_reports_plains_callback_events(model_server, squad_index, executor):
+    """The server rejects the answer's call (404: no such model): plain's LLM decorator ends the
+    call's ``LLM`` event with the exception and its ``as_trace`` adds an ``EXCEPTION`` event; the
+    events around it end without one (``CallbackManager.event``'s ``event_added``), and
+    ``TokenCountingHandler`` counts a (0, 0) call. The same events under Teola."""
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler, TokenCountingHandler
+
+    def events_of(run) -> tuple:
+        debug, tokens = LlamaDebugHandler(), TokenCountingHandler()
+        llm = openai_like(model_server.base_url, is_chat_model=True, context_window=2048, max_retries=0)
+        llm.model = "no-such-model"
+        engine = squad_index.as_query_engine(llm=llm, similarity_top_k=1)
+        engine.callback_manager = CallbackManager([debug, tokens])
+        llm.callback_manager = engine.callback_manager
+        error = _raised(lambda: run(engine))
+        seen = [(e.event_type.value, sorted(str(k) for k in (e.payload or {}))) for e in debug.get_events()]
+        return (type(error).__name__, getattr(error, "event_added", None), seen,
+                [(c.prompt_token_count, c.completion_token_count) for c in tokens.llm_token_counts])
+
+    plain = events_of(lambda engine: engine.query(QUESTIONS[0]))
+    teola = events_of(lambda engine: executor.query(engine, QUESTIONS[0]))
+    assert plain[0] == "NotFoundError" and ("exception", ["EventPayload.EXCEPTION"]) in plain[2]
+    assert teola == plain
+
+
 @pytest.mark.parametrize("fault", ["500", "drop"])
 def test_a_failed_or_cut_off_reply_and_a_restarted_server_behave_as_plain(fault, recording_proxy, squad_index,
                                                                           executor, runtime):

@@ -21,13 +21,17 @@ response (its delta) and no ``LLMPredictEndEvent``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.exception import ExceptionEvent
 from llama_index.core.instrumentation.events.llm import (
     LLMChatEndEvent,
     LLMChatInProgressEvent,
@@ -47,7 +51,7 @@ from ..ir.ops import Op
 from ..runtime.framework_threads import in_framework_thread
 from .llama_index import framework_call
 from .llama_index_listening import listened, model_dict
-from .llama_index_spans import span_id_of
+from .llama_index_spans import span_id_of, when_dropped
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ class StartedCall:
         self.span_id = span_id  # the model call's span (its chat / complete)
         self.predict_span_id = predict_span_id  # predict's
         self.content = ""  # the streamed text so far
+        self.ended = False  # its end reported (a failure after it is not the call's)
         self._chunks: deque[tuple[str, Any]] = deque()
         self._lock = threading.Lock()
 
@@ -81,6 +86,34 @@ class StartedCall:
                 self.events.in_progress(self, text, chunk)
 
 
+    def failed(self, exc: BaseException) -> None:
+        """The call failed (its span drops): the events its decorator fires then."""
+        if not self.ended:
+            self.ended = True
+            self.events.failed(self, exc)
+
+
+# A run's calls, for the ones whose failure no span reports (nobody listens to spans).
+_RUN_CALLS: contextvars.ContextVar[list[StartedCall] | None] = contextvars.ContextVar("teola_llm_calls",
+                                                                                      default=None)
+
+
+@contextlib.contextmanager
+def failed_calls_reported() -> Iterator[None]:
+    """Inside (a graph run): an LLM call the run started and never ended is reported failed
+    with the run's error (innermost first), where its span did not report it already."""
+    calls: list[StartedCall] = []
+    token = _RUN_CALLS.set(calls)
+    try:
+        yield
+    except Exception as exc:
+        for call in reversed(calls):
+            call.failed(exc)
+        raise
+    finally:
+        _RUN_CALLS.reset(token)
+
+
 def _logged(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.warning("an LLM in-progress event handler failed: %r", task.exception())
@@ -95,17 +128,18 @@ class LLMEvents:
 
     predicts = True  # ``predict``'s own LLMPredict* events around the call's
 
-    def __init__(self, llm: Any, template: Any, prompt_args: dict[str, Any]) -> None:
+    def __init__(self, llm: Any, template: Any, prompt_args: dict[str, Any], streamed: bool = False) -> None:
         self.llm = llm
         self.template = template
         self.prompt_args = prompt_args
         self.chat = bool(llm.metadata.is_chat_model)
+        self.streamed = streamed  # LLM.stream's call (its generator reports a failure)
         self.__qualname__ = f"llm_events[{type(llm).__name__}]"
 
     @classmethod
-    def of(cls, llm: Any, template: Any, prompt_args: dict[str, Any]) -> LLMEvents | None:
+    def of(cls, llm: Any, template: Any, prompt_args: dict[str, Any], streamed: bool = False) -> LLMEvents | None:
         """None when nobody listens (then nothing is added to the graph)."""
-        return cls(llm, template, prompt_args) if _listened(llm) else None
+        return cls(llm, template, prompt_args, streamed) if _listened(llm) else None
 
     def start_step(self, graph: PGraph, start_inputs: dict[str, Ref], origin: str) -> Primitive:
         """Its ``llm_start`` step (on ``start_inputs``), impure so no pass removes it; its output
@@ -146,7 +180,19 @@ class LLMEvents:
                                                                    additional_kwargs=kwargs, span_id=span_id))
             event_id = manager.on_event_start(CBEventType.LLM, payload={
                 EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: kwargs, EventPayload.SERIALIZED: described})
-        return StartedCall(self, event_id, sent, span_id, predict_span_id)
+        return _opened(StartedCall(self, event_id, sent, span_id, predict_span_id))
+
+    def failed(self, started: StartedCall, exc: BaseException) -> None:
+        """What ``llm_chat_callback`` / ``llm_completion_callback`` report of a call that raised:
+        its ``LLM`` event ended with the exception; then the call's ``as_trace`` adds the trace's
+        ``EXCEPTION`` event (once per exception), or a stream's generator an ``ExceptionEvent``."""
+        manager = self.llm.callback_manager
+        manager.on_event_end(CBEventType.LLM, payload={EventPayload.EXCEPTION: exc}, event_id=started.event_id)
+        if self.streamed:
+            llm_callbacks.dispatcher.event(ExceptionEvent(exception=exc, span_id=started.span_id))
+        elif not hasattr(exc, "event_added"):
+            manager.on_event_start(CBEventType.EXCEPTION, payload={EventPayload.EXCEPTION: exc})
+            exc.event_added = True  # type: ignore[attr-defined]
 
     def in_progress(self, started: StartedCall, text: str, chunk: Any) -> None:
         """``LLM.stream_chat`` / ``stream_complete``'s event for one chunk (the OpenAI client's
@@ -165,6 +211,7 @@ class LLMEvents:
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
         llm, manager = self.llm, self.llm.callback_manager
+        started.ended = True
         streamed = isinstance(response, tuple)
         delta = None
         started.report_chunks()  # a streamed call's last chunks first
@@ -201,7 +248,7 @@ class CompleteEvents(LLMEvents):
     predicts = False
 
     def __init__(self, llm: Any, render: Any) -> None:
-        self.llm, self.render, self.chat = llm, render, False
+        self.llm, self.render, self.chat, self.streamed = llm, render, False, False
         self.__qualname__ = f"complete_events[{type(llm).__name__}]"
 
     @classmethod
@@ -214,7 +261,17 @@ class CompleteEvents(LLMEvents):
                                                                span_id=span_id))
         event_id = self.llm.callback_manager.on_event_start(CBEventType.LLM, payload={
             EventPayload.PROMPT: sent, EventPayload.ADDITIONAL_KWARGS: {}, EventPayload.SERIALIZED: described})
-        return StartedCall(self, event_id, sent, span_id, span_id)
+        return _opened(StartedCall(self, event_id, sent, span_id, span_id))
+
+
+def _opened(started: StartedCall) -> StartedCall:
+    """``started``'s failure is reported when its span drops (before the span's own events, as
+    plain's decorator reports inside the span), else when its run fails."""
+    when_dropped(started.failed)
+    calls = _RUN_CALLS.get()
+    if calls is not None:
+        calls.append(started)
+    return started
 
 
 def _last_delta(chunk: Any, chat: bool) -> str:

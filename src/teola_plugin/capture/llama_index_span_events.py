@@ -33,9 +33,21 @@ class CallbackEvent:
             return None
         return self.manager.on_event_start(self.event_type, payload=payload)
 
-    def end(self, event_id: str | None, payload: dict[str, Any]) -> None:
+    def end(self, event_id: str | None, payload: dict[str, Any] | None) -> None:
         if event_id is not None:
             self.manager.on_event_end(self.event_type, payload=payload, event_id=event_id)
+
+    def failed(self, event_id: str | None, exc: BaseException) -> None:
+        self.end(event_id, failure_payload(exc))
+
+
+def failure_payload(exc: BaseException) -> dict[str, Any] | None:
+    """``CallbackManager.event``'s end payload for a failure: the exception for the innermost
+    event it passes (which marks it ``event_added``), none for the events around that one."""
+    if hasattr(exc, "event_added"):
+        return None
+    exc.event_added = True  # type: ignore[attr-defined]
+    return {EventPayload.EXCEPTION: exc}
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class ComponentEvents:
             self.dispatcher.event(self.end_event(values(self.query), result))
 
     def failed(self, event_id: Any, exc: BaseException) -> None:
-        self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
+        self._callback().failed(event_id, exc)
 
     def _callback(self) -> CallbackEvent:
         return CallbackEvent(self.component.callback_manager, self.event_type)
@@ -124,7 +136,7 @@ class QueryEvents:
 
     def failed(self, event_id: Any, exc: BaseException) -> None:
         if self.engine is not None:
-            self._callback().end(event_id, {EventPayload.EXCEPTION: exc})
+            self._callback().failed(event_id, exc)
 
     def _callback(self) -> CallbackEvent:
         return CallbackEvent(self.engine.callback_manager, CBEventType.QUERY)

@@ -231,6 +231,8 @@ class _Opened:
     reported: bool = True
     state: Any = None
     closed: bool = False
+    # what else reports the span's failure first (an LLM call's callback event it opened)
+    on_drop: list[Callable[[BaseException], None]] = field(default_factory=list)
 
 
 # The spans the running primitive is in (innermost), for code that fires an event of an
@@ -252,6 +254,14 @@ def async_name(method: str) -> str:
     if method == "__call__":
         return "acall"
     return "_a" + method[1:] if method.startswith("_") else "a" + method
+
+
+def when_dropped(report: Callable[[BaseException], None]) -> None:
+    """``report(error)`` when the span the running primitive is in fails (before its own
+    events; nothing outside a lowered run)."""
+    opened = _INSIDE.get()
+    if opened is not None:
+        opened.on_drop.append(report)
 
 
 def span_id_of(label: str) -> str | None:
@@ -364,6 +374,9 @@ class SpanRun:
     def _drop(self, opened: _Opened, error: BaseException) -> None:
         opened.closed = True
         span = opened.span
+        for report in opened.on_drop:
+            with _active(opened), _reporting(span, "failure"):
+                report(error)
         if span.events is not None:
             with _active(opened), _reporting(span, "failure"):
                 span.events.failed(opened.state, error)

@@ -411,7 +411,8 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
         size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
         outer_span, inner_spans = model_call_spans(span_in_building, llm, inner)
         with outer_span:
-            events = LLMEvents.of(llm, template, prompt_args)  # the LLM's own callback / instrumentation events
+            # the LLM's own callback / instrumentation events
+            events = LLMEvents.of(llm, template, prompt_args, streamed)
             started = events.start_step(graph, {"prompt": prompt.out()}, origin) if events is not None else None
             with inner_spans:  # a streamed call's start reports each chunk it hears
                 decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN,

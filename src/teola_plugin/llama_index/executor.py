@@ -41,6 +41,7 @@ from ..capture.llama_index_served import is_served_llm
 from ..capture.lowerable import LowerableLLM
 from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_embed_events import EmbedEvents, insert_batches
+from ..capture.llama_index_llm_events import failed_calls_reported
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
@@ -395,9 +396,10 @@ class TeolaExecutor:
             for j in claims:
                 engines[j.engine].expect(j.join_id, j.claim)
             self.last_query_id = query_id  # the latest started (for a look at its timeline)
-            return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
-                                              timeout_s=self.timeout_s,
-                                              observer=app.spans.observer(graph, async_) if app.spans else None)
+            with failed_calls_reported():
+                return await self.runtime.execute(graph, app.inputs_for(query), query_id=query_id,
+                                                  timeout_s=self.timeout_s,
+                                                  observer=app.spans.observer(graph, async_) if app.spans else None)
         finally:
             for j in claims:  # a failed run leaves its unstored nodes pending (retried on next access)
                 engine = self.runtime.local_engines().get(j.engine)
