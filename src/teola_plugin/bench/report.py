@@ -332,6 +332,8 @@ COMPANION_PAGES = {
                        "and a LangGraph Send graph (`teola bench --apps li_workflow lg_multihop ...`)",
     "multi_step/page.md": "LlamaIndex's multi-step patterns: a SubQuestionQueryEngine and a two-turn condense-plus-context "
                           "chat engine (`teola bench --apps li_sub_question li_chat ...`)",
+    "li_workflow_app/page.md": "The Workflow fan-out as users write it, plain-app vs teola-app over 20 questions "
+                               "(`teola bench --apps li_workflow --systems plain-app teola-app --questions 20 ...`)",
 }
 
 
