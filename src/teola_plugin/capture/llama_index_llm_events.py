@@ -190,7 +190,7 @@ class LLMEvents:
         manager.on_event_end(CBEventType.LLM, payload={EventPayload.EXCEPTION: exc}, event_id=started.event_id)
         if self.streamed:
             llm_callbacks.dispatcher.event(ExceptionEvent(exception=exc, span_id=started.span_id))
-        elif not hasattr(exc, "event_added"):
+        elif isinstance(exc, Exception) and not hasattr(exc, "event_added"):  # as_trace's `except Exception`
             manager.on_event_start(CBEventType.EXCEPTION, payload={EventPayload.EXCEPTION: exc})
             exc.event_added = True  # type: ignore[attr-defined]
 

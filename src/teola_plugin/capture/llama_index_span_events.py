@@ -43,8 +43,9 @@ class CallbackEvent:
 
 def failure_payload(exc: BaseException) -> dict[str, Any] | None:
     """``CallbackManager.event``'s end payload for a failure: the exception for the innermost
-    event it passes (which marks it ``event_added``), none for the events around that one."""
-    if hasattr(exc, "event_added"):
+    event it passes (which marks it ``event_added``), none for the events around that one, nor
+    for a cancellation (not an ``Exception``: only its ``finally`` ends the event)."""
+    if hasattr(exc, "event_added") or not isinstance(exc, Exception):
         return None
     exc.event_added = True  # type: ignore[attr-defined]
     return {EventPayload.EXCEPTION: exc}
