@@ -376,10 +376,7 @@ class LlamaIndexTracer:
                     return [query.embedding]
                 if not vectors:
                     return []
-                embedding = mean_agg([list(map(float, v)) for v in vectors])
-                if caller_loop() is None:  # plain's _retrieve sets it on the caller's bundle (not _aretrieve)
-                    query.embedding = embedding
-                return [embedding]
+                return searched_with(query, mean_agg([list(map(float, v)) for v in vectors]))
 
             return self.cpu_step("query_vector", query_vector, {"query": self.query, "vectors": vectors}, origin)
 
@@ -388,12 +385,17 @@ class LlamaIndexTracer:
                 return []
             if query.embedding is not None:
                 return [query.embedding]
-            embedding = embed_model.get_agg_embedding_from_queries(query.embedding_strs)
-            if caller_loop() is None:  # plain's _retrieve sets it on the caller's bundle (not _aretrieve)
-                query.embedding = embedding
-            return [embedding]
+            return searched_with(query, embed_model.get_agg_embedding_from_queries(query.embedding_strs))
 
         return self.opaque("embed_query", embed_model, embed_query, {"query": self.query}, why)
+
+
+def searched_with(query: Any, embedding: list[float]) -> list[list[float]]:
+    """The query's search vectors: its computed ``embedding``, which a sync retrieve also sets
+    on the caller's bundle, as plain's ``_retrieve`` does (its ``_aretrieve`` does not)."""
+    if caller_loop() is None:
+        query.embedding = embedding
+    return [embedding]
 
 
 def has_no_vector(query: Any) -> bool:

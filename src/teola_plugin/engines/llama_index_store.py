@@ -125,12 +125,10 @@ class LlamaIndexStoreEngine(Engine):
                                        f"{self.name!r} (bound: {sorted(self._retrievers)})")
         # A store's own async search serves an async caller, on its loop, as plain's aretrieve
         # (Qdrant's async client); the rest is synchronous Python, off the event loop.
-        mine = [i for i, r in enumerate(requests) if r.get("caller_loop") is None]
-        found = dict(zip(mine, await asyncio.to_thread(self._search_all, [requests[i] for i in mine])))
-        for i, r in enumerate(requests):
-            if i not in found:
-                found[i] = await self._search_as_the_caller(r)
-        return [found[i] for i in range(len(requests))]
+        in_thread = [r for r in requests if r.get("caller_loop") is None]
+        searched = iter(await asyncio.to_thread(self._search_all, in_thread) if in_thread else ())
+        return [next(searched) if r.get("caller_loop") is None else await self._search_as_the_caller(r)
+                for r in requests]
 
     async def _search_as_the_caller(self, request: dict[str, Any]) -> list[list[Any]]:
         from llama_index.core.schema import QueryBundle
