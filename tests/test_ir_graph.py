@@ -208,6 +208,26 @@ def test_missing_after_target():
         g.validate()
 
 
+def test_a_validated_graph_is_checked_again_after_any_edit():
+    """validate() remembers a pass (a tracer's check spares the optimizer's); every edit,
+    on the graph or on a copy, forgets it, so a later break is still reported."""
+    g = small_graph()
+    g.validate()
+    copy = g.copy()
+    copy.add_after("aggregate_1", "ghost")
+    with pytest.raises(GraphValidationError, match="unknown node 'ghost'"):
+        copy.validate()
+    g.validate()  # the original was not edited
+    g.add_after("aggregate_1", "ghost")
+    with pytest.raises(GraphValidationError, match="unknown node 'ghost'"):
+        g.validate()
+    g.set_after("aggregate_1", ())
+    g.validate()
+    g.output("broken", Ref("nowhere", "out"))
+    with pytest.raises(GraphValidationError, match="nowhere"):
+        g.validate()
+
+
 def test_output_to_missing_node_and_undeclared_input():
     g = small_graph()
     g.output("bad", Ref("nowhere", "out"))

@@ -269,6 +269,28 @@ def test_a_search_on_other_hardware_still_hides_a_prefill_on_a_shared_cpu():
                      Op.LLM_PARTIAL_PREFILL)) == 1
 
 
+def test_the_prefill_window_counts_the_llm_hardware_work_the_prefix_does_not_wait_for():
+    """split_prefill charges the partial prefill with the work on the LLM's own hardware that
+    the full prompt waits for and its prefix does not: the walk up from the prompt equals
+    that set difference, capped at the partial's own time."""
+    from teola_plugin.ir.analysis import upstream
+    from teola_plugin.ir.semantics import template_vars
+    from teola_plugin.optimizer.context import PassContext
+    from teola_plugin.optimizer.passes.split_prefill import _early_nodes, _known_prefix, _shared_work
+
+    g = optimize(advanced_rag(), passes=["prune"])
+    ctx = PassContext(SHARED_CPU)
+    fmt, prefill = g["format_1"], g["llm_prefill_1"]  # the answer: its question is early, its context late
+    needs = [fmt.inputs[v].node for v in template_vars(_known_prefix(fmt, _early_nodes(g)))
+             if fmt.inputs[v].node != "input"] + list(fmt.after)
+    window = upstream(g, g.predecessors(prefill.name)) - upstream(g, needs) - {fmt.name}
+    expected = sum(ctx.cost(g[n]) for n in window if SHARED_CPU.shares_compute(g[n], prefill))
+    assert {"embed", "vector_search", "rerank", "llm_decode"} <= window and "format_1" not in window
+    assert _shared_work(g, ctx, fmt, prefill, needs, limit=1e9) == pytest.approx(expected)
+    assert _shared_work(g, ctx, fmt, prefill, needs, limit=expected / 2) == expected / 2
+    assert _shared_work(g, PassContext(DEFAULT), fmt, prefill, needs, limit=1e9) == 0.0  # own hardware
+
+
 def test_compute_groups_follow_engine_names_then_kinds_then_the_default():
     from teola_plugin.ir.node import Primitive
 

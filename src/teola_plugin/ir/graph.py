@@ -64,6 +64,7 @@ class PGraph:
         self._forward: set[str] = set()  # names referenced before they were added
         self._moved: dict[Ref, Ref] = {}  # values a rewrite moved (replace_uses): old -> new
         self._frozen = False
+        self._valid = False  # passed validate() and not edited since
         self.history: list[PassRecord] = []
 
     # -- builder -------------------------------------------------------------------------
@@ -247,6 +248,7 @@ class PGraph:
         g._forward = set(self._forward)
         g._moved = dict(self._moved)
         g._frozen = False
+        g._valid = self._valid
         g.history = list(self.history)
         return g
 
@@ -349,11 +351,17 @@ class PGraph:
     def validate(self, *, since: PGraph | None = None) -> None:
         """Raise :class:`GraphValidationError` naming the first offending node. With
         ``since`` (a graph this one was copied and edited from), check only what the edits
-        touched, plus outputs and cycles: edits through this API cannot break the rest."""
+        touched, plus outputs and cycles: edits through this API cannot break the rest.
+        A graph that passed and was not edited since is not checked again (a tracer validates
+        what it built; the optimizer validates its input)."""
+        if self._valid:
+            return
         if since is None:
             _validate.validate(self)
+            self._valid = True
         else:
             _validate.validate(self, only=self.edited_since(since), previous=since._prims)
+            self._valid = since._valid
 
     def edited_since(self, other: PGraph) -> list[str]:
         """Names of primitives added or replaced since ``other`` (a graph this one was
@@ -391,9 +399,12 @@ class PGraph:
 
     # -- internals -----------------------------------------------------------------------
     def _check_mutable(self) -> None:
+        """Every edit goes through here: refuse it on a frozen graph, else forget the last
+        validation."""
         if self._frozen:
             raise RuntimeError(f"PGraph {self.name!r} is frozen (an optimizer pass must copy() "
                                "its input before editing)")
+        self._valid = False
 
     def _replace(self, prim: Primitive, **changes: Any) -> None:
         self._check_mutable()

@@ -166,6 +166,11 @@ class CostModel:
         return (self.compute_groups.get(engine) or self.compute_groups.get(kind or "")
                 or self.default_group or f"engine:{engine}")
 
+    def may_share_compute(self, prim: Primitive) -> bool:
+        """Could any other primitive take turns with ``prim`` on its hardware? Not on a group
+        of its engine's own (no groups given): then :meth:`shares_compute` is always False."""
+        return not self.compute_group(prim.engine, prim.kind).startswith("engine:")
+
     def shares_compute(self, a: Primitive, b: Primitive) -> bool:
         """Do ``a`` and ``b`` take turns on the same hardware, so that overlapping them saves
         nothing? Not when nobody gave groups (the unlimited-engines model), nor for two

@@ -70,7 +70,7 @@ def run(graph: PGraph, ctx: PassContext) -> PGraph:
         else:
             for target in prim.after:
                 keep |= {target} if not graph[target].pure else impure_before[target]
-        keep -= set(graph.producers(prim.name))  # already ordered by data
+        keep.difference_update(r.node for r in prim.inputs.values())  # already ordered by data
         if keep != prim.after:
             new_after[prim.name] = frozenset(keep)
     if not new_after:

@@ -73,15 +73,36 @@ def _pays_off(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitiv
     prefix_inputs = [fmt.inputs[v].node for v in template_vars(prefix) if fmt.inputs[v].node != INPUT]
     partial = cost.latency(prefill.engine, Op.LLM_PARTIAL_PREFILL, tokens, prefill.kind)
     prefix_done = ready([*prefix_inputs, *fmt.after]) + cost.node_cost(fmt) + partial
-    # The window the partial prefill runs in: what the full prompt waits for and the prefix
-    # does not. Its work on the LLM's hardware finishes later by up to the partial's time.
-    window = (upstream(graph, graph.predecessors(prefill.name))
-              - upstream(graph, [*prefix_inputs, *fmt.after]) - {fmt.name})
-    shared = sum(ctx.cost(graph[n]) for n in window if cost.shares_compute(graph[n], prefill))
-    delay = min(partial, shared)
+    delay = _shared_work(graph, ctx, fmt, prefill, [*prefix_inputs, *fmt.after], limit=partial)
     old_end = max(fmt_done, others) + cost.node_cost(prefill)
     rest = max(1.0, cost.work_items(prefill) - tokens)
     return max(fmt_done + delay, others + delay, prefix_done) + cost.node_cost(prefill, items=rest) < old_end
+
+
+def _shared_work(graph: PGraph, ctx: PassContext, fmt: Primitive, prefill: Primitive,
+                 prefix_needs: list[str], limit: float) -> float:
+    """Work on the LLM's own hardware in the window the partial prefill runs in (what the
+    full prompt waits for and the prefix does not), counted up to ``limit``: that work
+    finishes later by up to the partial's time. The window is walked upwards from the
+    prompt's predecessors, stopping at what the prefix needs (whose ancestors it needs too),
+    and not at all where nothing shares the LLM's hardware."""
+    cost = ctx.cost_model
+    if not cost.may_share_compute(prefill):
+        return 0.0
+    seen = upstream(graph, prefix_needs)
+    stack, shared = list(graph.predecessors(prefill.name)), 0.0
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        prim = graph[name]
+        if name != fmt.name and cost.shares_compute(prim, prefill):
+            shared += ctx.cost(prim)
+            if shared >= limit:
+                return limit
+        stack.extend(graph.predecessors(name))
+    return shared
 
 
 def _prefix_render(fmt: Primitive, prefix: list[Any]) -> dict[str, Any]:
