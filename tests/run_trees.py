@@ -42,7 +42,7 @@ class RunTreeRecorder(BaseCallbackHandler):
         self.events: list[tuple[str, Any]] = []  # (start / end, run id), in order
 
     def _start(self, kind: str, name: str, run_id: Any, parent_run_id: Any, tags: Any, given: Any) -> None:
-        self.runs[run_id] = {"kind": kind, "name": name, "parent": parent_run_id, "tags": sorted(tags or []),
+        self.runs[run_id] = {"kind": kind, "name": name, "parent": parent_run_id, "tags": list(tags or []),  # in order: handlers see the order
                              "given": repr(_comparable(given)), "returned": None}
         self.events.append(("start", run_id))
 

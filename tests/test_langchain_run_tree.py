@@ -97,6 +97,22 @@ def test_a_retriever_bound_with_config_reports_its_run_name_tags_and_metadata(mo
     assert metadata[1] == metadata[0] == ["squad"]
 
 
+def test_runs_under_outer_tags_and_bound_tags_carry_them_in_plains_order(model_server, retriever,
+                                                                         runtime):  # noqa: F811
+    """Invoked with ``tags`` and with a model and a retriever bound ``with_config(tags=...)``: a
+    step's run lists its ``seq:step`` tag first, then the call's and its binding's tags, in the
+    order plain's callback manager builds them (handlers see the list as it is)."""
+    chain = docs_rag_chain(retriever.with_config(tags=["docs"]), model_server.base_url, max_tokens=12)
+    chain = chain.first | chain.middle[0] | chain.middle[1].with_config(tags=["inner"]) | chain.last
+    plain, teola = RunTreeRecorder(), RunTreeRecorder()
+    chain.invoke(QUESTIONS[1], {"callbacks": [plain], "tags": ["outer"]})
+    TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1], {"callbacks": [teola], "tags": ["outer"]})
+    tags = {path[-1]: tags for path, kind, tags, *_ in plain.tree()}
+    assert list(tags["ChatOpenAI"]) == ["seq:step:3", "inner", "outer"]
+    assert list(tags["VectorStoreRetriever"])[-2:] == ["docs", "outer"]
+    assert teola.tree() == plain.tree()
+
+
 def _runs(run) -> list:
     return [run, *(r for child in run.child_runs for r in _runs(child))]
 

@@ -25,9 +25,18 @@ def with_step_tag(manager: Any, tag: str | None) -> Any:
     """``manager`` (a callback manager, or None) with ``tag`` on its own runs only."""
     if tag is None or not isinstance(manager, BaseCallbackManager):
         return manager
-    tagged = manager.copy()
-    tagged.add_tags([tag], inherit=False)
-    return tagged
+    copy = manager.copy()
+    copy.add_tags([tag], inherit=False)
+    return copy
+
+
+def tagged(config: RunnableConfig, tag: str | None) -> RunnableConfig:
+    """``config`` with ``tag`` on its callbacks' own runs, before the component configures its
+    run's manager from it (as plain's ``get_child(tag)`` does: the tag comes first, the
+    config's tags after it); its run_name kept, the run being still the component's."""
+    if tag is None:
+        return config
+    return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag), run_name=config.get("run_name"))
 
 
 def step_config(tag: str | None, bound: Mapping[str, Any] | None = None) -> RunnableConfig | None:
@@ -39,7 +48,7 @@ def step_config(tag: str | None, bound: Mapping[str, Any] | None = None) -> Runn
     config = ensure_config()
     if bound:
         config = merge_configs(config, dict(bound))
-    return patch_config(config, callbacks=with_step_tag(config.get("callbacks"), tag), run_name=config.get("run_name"))
+    return tagged(config, tag)
 
 
 def render_unreported(template: Any, variables: Mapping[str, Any]) -> Any:

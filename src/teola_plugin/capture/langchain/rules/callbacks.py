@@ -37,7 +37,7 @@ from langchain_core.utils.utils import LC_ID_PREFIX  # "lc_run-": the prefix inv
 from ....runtime.framework_threads import in_framework_thread
 from ...lowerable import LLMCallSpec
 from ..run_scopes import under_binding
-from ..step_runs import with_step_tag
+from ..step_runs import tagged
 
 try:  # langchain-core 1.x: the invocation params its models trace (tools, messages left out)
     from langchain_core.language_models._utils import _filter_invocation_params_for_tracing
@@ -165,7 +165,7 @@ def call_reporters(model: Any, spec: LLMCallSpec, stop: list[str] | None,
             params = model._get_invocation_params(stop=stop, **kwargs)
         except Exception:  # noqa: BLE001
             params = dict(spec.sampling_params or {})
-        manager = with_step_tag(_callback_manager(model, stop, config, kwargs, params), step)
+        manager = _callback_manager(model, stop, tagged(config, step), kwargs, params)
         if manager is None:
             return None
         name = config.get("run_name")
@@ -226,7 +226,7 @@ def retriever_reporters(retriever: Any, step: str | None = None,
         config = ensure_config()
         if bound:
             config = under_binding(config, bound)
-        manager = with_step_tag(retriever_manager(retriever, config), step)
+        manager = retriever_manager(retriever, tagged(config, step))
         if not manager.handlers:
             return None
         name = config.get("run_name") or retriever.get_name()
