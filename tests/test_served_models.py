@@ -1429,6 +1429,8 @@ class SpanTree:
                 if "InProgress" in record[0]:  # a streamed chunk's: its delta and the text so far
                     response = event.response
                     record += (response.delta, getattr(response, "text", None) or response.message.content)
+                elif record[0] == "ExceptionEvent":  # what failed: its type
+                    record += (type(event.exception).__name__,)
                 tree.events.append(record)
 
         self.handlers = Spans(), Events()
@@ -1581,6 +1583,52 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
     for kind in ("hyde", "stream", "citation"):
         assert {"query", "retrieve", "synthesize", "llm"} <= set(seen["plain " + kind][3])
     assert seen["plain citation"][3].count("retrieve") == 4  # its own RETRIEVE around the retriever's
+
+
+def test_a_streamed_answers_llm_events_keep_the_readers_pace_as_plain(recording_proxy, squad_index, executor):
+    """Plain's streamed LLM call fires its events from the generator its reader pulls: a
+    chunk's ``LLMChatInProgressEvent`` just before the token is handed on, so a chat engine's
+    ``StreamChatDeltaReceivedEvent`` for it comes next, the end once the reader is past the
+    last token, and ``GeneratorExit`` (no end, no event of an unread chunk) when the reader
+    closes the stream early. Teola's, whose chunks arrive from the engine ahead of the
+    reader, keep the reader's pace too (they once came as they arrived, interleaving at random)."""
+    import time as _time
+
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.chat_engine import CondensePlusContextChatEngine
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import VectorIndexRetriever
+
+    codes = {"LLMChatInProgressEvent": "P", "StreamChatDeltaReceivedEvent": "D", "LLMChatEndEvent": "E",
+             "StreamChatEndEvent": "S", "ExceptionEvent": "X"}
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
+    plain_gets_teolas_replies(recording_proxy)
+    seen = {}
+    with SpanTree() as tree:
+        for name in ("teola", "plain"):
+            Settings.executor = executor if name == "teola" else None
+            try:
+                chat = CondensePlusContextChatEngine.from_defaults(
+                    VectorIndexRetriever(squad_index, similarity_top_k=2), llm=llm)
+                tree.take()
+                text = "".join(chat.stream_chat(QUESTIONS[0]).response_gen)
+                _time.sleep(0.5)  # anything still to come
+                read = "".join(codes.get(e[0], "") for e in tree.take()[1])
+                engine = RetrieverQueryEngine(VectorIndexRetriever(squad_index, similarity_top_k=2),
+                                              get_response_synthesizer(llm=llm, streaming=True))
+                tokens = engine.query(QUESTIONS[1]).response_gen
+                first = [next(tokens), next(tokens)]
+                tokens.close()
+                _time.sleep(1.0)  # the run Teola cancels reports nothing more of the call
+                left = ["".join((codes[e[0]], *e[2:])) if e[0] == "ExceptionEvent" else codes[e[0]]
+                        for e in tree.take()[1] if e[0] in codes]
+            finally:
+                Settings.executor = None
+            seen[name] = (text, read, first, left)
+    assert seen["teola"] == seen["plain"]
+    text, read, first, left = seen["plain"]
+    assert text and read.startswith("PP") and read.endswith("PES") and "PDPD" in read  # the model's role chunk first
+    assert left[-1] == "XGeneratorExit" and left[:-1] == ["P"] * len(left[:-1]) and len(left) >= 3
 
 
 def test_a_streaming_summarizer_streams_and_reports_as_plain_while_someone_listens(recording_proxy, squad_index,

@@ -13,9 +13,13 @@ counters count what plain counts). They are added only when someone listens (a c
 an event handler on the dispatcher chain). A streamed call reports as ``LLM.stream``'s does:
 ``llm_start`` is the decode's listener (its request is sent after the start events), an
 ``LLMChatInProgressEvent`` / ``LLMCompletionInProgressEvent`` per chunk the server sends (the
-text so far, the chunk's delta, the chunk as ``raw``), off the runtime loop and in order, as the
-chunks arrive (plain's fire as its caller reads them); the end reports the last chunk's
-response (its delta) and no ``LLMPredictEndEvent``.
+text so far, the chunk's delta, the chunk as ``raw``), in order; the end reports the last
+chunk's response (its delta) and no ``LLMPredictEndEvent``. Where the call's tokens stream to a
+caller (a synthesizer's ``response_gen``: :class:`ReadPace`), these are paced by the caller's
+reading, as plain's generator fires them: a chunk's event just before its token is handed on
+(so a chat engine's delta event follows it), the end once the caller reads past the last
+token, and a caller that stops reading early gets plain's ``GeneratorExit`` failure instead.
+Otherwise they are reported off the runtime loop as the chunks arrive.
 """
 
 from __future__ import annotations
@@ -68,20 +72,24 @@ class StartedCall:
         self.span_id = span_id  # the model call's span (its chat / complete)
         self.predict_span_id = predict_span_id  # predict's
         self.content = ""  # the streamed text so far
-        self.ended = False  # its end reported (a failure after it is not the call's)
+        self.ended = False  # its end reported, or due (a failure after it is not the call's)
         self._chunks: deque[tuple[str, Any]] = deque()
-        self._lock = threading.Lock()
+        self._reported = 0  # chunks whose in-progress event was reported
+        self._lock = threading.RLock()
+        self.pace = ReadPace.of(self) if events.streamed else None
 
     def __call__(self, text: str, chunk: Any = None) -> None:  # on the runtime loop, per chunk
         self._chunks.append((text, chunk))
-        asyncio.ensure_future(in_framework_thread(self.report_chunks)).add_done_callback(_logged)
+        if self.pace is None:  # nobody reads its tokens: reported as they arrive
+            asyncio.ensure_future(in_framework_thread(self.report_chunks)).add_done_callback(_logged)
 
-    def report_chunks(self) -> None:
-        """The in-progress events of the chunks received so far, in order (handlers are the
-        user's code: off the loop; the end reports what is left first)."""
+    def report_chunks(self, upto: int | None = None) -> None:
+        """The in-progress events of the chunks received so far (the first ``upto`` of the
+        call's), in order (handlers are the user's code: never on the runtime loop)."""
         with self._lock:
-            while self._chunks:
+            while self._chunks and (upto is None or self._reported < upto):
                 text, chunk = self._chunks.popleft()
+                self._reported += 1
                 self.content += text
                 self.events.in_progress(self, text, chunk)
 
@@ -91,6 +99,84 @@ class StartedCall:
         if not self.ended:
             self.ended = True
             self.events.failed(self, exc)
+
+
+# The reading of the token stream a graph run is started for (set in the run's context).
+_READ_PACE: contextvars.ContextVar[ReadPace | None] = contextvars.ContextVar("teola_read_pace", default=None)
+
+
+class ReadPace:
+    """How far a caller has read the token stream of a graph run whose last LLM call streams
+    to it (``TeolaExecutor``'s ``response_gen``): that call's events are reported as plain's
+    generator fires them while it is read (see the module doc). The stream's reader calls
+    :meth:`read` before handing on each token, :meth:`exhausted` once it is told there are no
+    more, and :meth:`leave` when it closes."""
+
+    def __init__(self) -> None:
+        self.call: StartedCall | None = None
+        self._read = 0
+        self._end: Any = None  # the call's end events, due once the reader is past its last token
+        self._over = False  # exhausted or left: nothing is paced any more
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Inside: a graph run started here reports its streamed call at this reader's pace."""
+        token = _READ_PACE.set(self)
+        try:
+            yield
+        finally:
+            _READ_PACE.reset(token)
+
+    @staticmethod
+    def of(call: StartedCall) -> ReadPace | None:
+        """The pace ``call`` (a streamed call starting) is reported at, if a reader paces it:
+        the first streamed call of the run only (its tokens are the ones read)."""
+        pace = _READ_PACE.get()
+        if pace is None:
+            return None
+        with pace._lock:
+            if pace.call is not None or pace._over:
+                return None
+            pace.call = call
+        return pace
+
+    def read(self) -> None:
+        """A token is about to be handed on: its chunk's in-progress event first."""
+        with self._lock:
+            self._read += 1
+            call, read = self.call, self._read
+        if call is not None:
+            call.report_chunks(upto=read)
+
+    def end_when_read(self, report: Any) -> None:
+        """The call ended: its end events (``report()``) once the reader is past its last token."""
+        with self._lock:
+            if not self._over:
+                self._end = report
+                return
+        report()  # the reader has gone already (not reached: a run it left is cancelled)
+
+    def exhausted(self) -> None:
+        """The reader was told there are no more tokens: what is left, and the end."""
+        with self._lock:
+            self._over, report, self._end = True, self._end, None
+        if report is not None:
+            report()
+
+    def leave(self) -> None:
+        """The reader closed the stream: a call not yet reported ended failed as plain's
+        generator reports being closed (``GeneratorExit``)."""
+        with self._lock:
+            if self._over:
+                return
+            self._over, call, ending, self._end = True, self.call, self._end, None
+        if call is None:
+            return
+        if ending is not None:  # ended, its end not reported yet: the reader left before it
+            call.events.failed(call, GeneratorExit())
+        else:  # still decoding: its run is cancelled next, and reports nothing more of it
+            call.failed(GeneratorExit())
 
 
 # A run's calls, for the ones whose failure no span reports (nobody listens to spans).
@@ -210,8 +296,15 @@ class LLMEvents:
                                                                         span_id=started.span_id))
 
     def end(self, started: StartedCall, text: str, response: Any = None) -> str:
-        llm, manager = self.llm, self.llm.callback_manager
         started.ended = True
+        if started.pace is not None:
+            started.pace.end_when_read(lambda: self._report_end(started, text, response))
+        else:
+            self._report_end(started, text, response)
+        return text
+
+    def _report_end(self, started: StartedCall, text: str, response: Any) -> None:
+        llm, manager = self.llm, self.llm.callback_manager
         streamed = isinstance(response, tuple)
         delta = None
         started.report_chunks()  # a streamed call's last chunks first
@@ -236,7 +329,6 @@ class LLMEvents:
         if not streamed and self.predicts:  # LLM.stream fires no predict end: its tokens are the caller's to read
             llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text),
                                                            span_id=started.predict_span_id))
-        return text
 
 
 class CompleteEvents(LLMEvents):

@@ -41,7 +41,7 @@ from ..capture.llama_index_served import is_served_llm
 from ..capture.lowerable import LowerableLLM
 from ..capture.llama_index_rules import synthesis_planner
 from ..capture.llama_index_embed_events import EmbedEvents, insert_batches
-from ..capture.llama_index_llm_events import failed_calls_reported
+from ..capture.llama_index_llm_events import ReadPace, failed_calls_reported
 from ..capture.llama_index_ingest import embedding_graph
 from ..errors import ConfigError
 from ..ir.graph import PGraph
@@ -530,14 +530,16 @@ class TeolaExecutor:
         token_nodes = frozenset(ref.node for name, ref in graph.outputs.items() if name == "stream")
         self.last_query_id = query_id
         left = self._left(started)
+        pace = ReadPace()  # the streamed call's events, at the pace its tokens are read here
 
         def submit() -> Any:
-            return self.runtime.submit(self.runtime.execute(
-                graph, {}, query_id=query_id, timeout_s=left, on_token=tokens.put, token_nodes=token_nodes,
-                engines=engines, observer=observer))
+            with pace.running():
+                return self.runtime.submit(self.runtime.execute(
+                    graph, {}, query_id=query_id, timeout_s=left, on_token=tokens.put, token_nodes=token_nodes,
+                    engines=engines, observer=observer))
 
         def start() -> Any:
-            future = spans_opened_in.run(submit) if spans_opened_in is not None else submit()
+            future = (spans_opened_in or contextvars.copy_context()).run(submit)
             future.add_done_callback(lambda _: tokens.put(_END))
             return future
 
@@ -545,18 +547,24 @@ class TeolaExecutor:
             future = start()
             try:
                 while (token := tokens.get()) is not _END:
+                    pace.read()
                     yield token
+                pace.exhausted()
                 future.result()
             finally:
+                pace.leave()  # no-op once exhausted
                 future.cancel()  # no-op once done
 
         async def async_token_gen() -> AsyncIterator[str]:
             future = start()
             try:
                 while (token := await asyncio.to_thread(tokens.get)) is not _END:
+                    pace.read()
                     yield token
+                pace.exhausted()
                 await asyncio.wrap_future(future)
             finally:
+                pace.leave()
                 future.cancel()
 
         return async_token_gen() if async_ else token_gen()
