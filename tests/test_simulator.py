@@ -52,6 +52,24 @@ def test_work_on_one_group_shares_it():
     assert latencies([q], "teola-full") == [2.0]
 
 
+def test_cpu_cores_shared_by_two_activities_get_the_measured_share_of_their_work_done():
+    """On a CPU group two activities together get ``cpu_sharing`` of one alone's work done
+    (thread pools on the same cores cost each other); alone, an activity runs at full speed,
+    and a group that is not a CPU's keeps the equal, loss-free split."""
+    lossy = Durations("measured", PROFILE, cpu_sharing=0.8)
+    on_cpu = query(node("a", group="cpu:host"), node("b", op="rerank", engine="reranker", kind="reranker",
+                                                      group="cpu:host", measured=0.5))
+    # both at 0.4x until b's 0.5 s of work is done (1.25 s), then a's last 0.5 s alone
+    assert latencies([on_cpu], "teola-full", durations=lossy) == [1.75]
+    assert latencies([on_cpu], "teola-full") == [1.5]  # the default: an equal split, no loss
+    assert latencies([on_cpu], "plain-sequential", durations=lossy) == [1.5]  # one at a time: nothing shared
+    on_gpu = query(node("a", group="gpu:0"), node("b", op="rerank", engine="reranker", kind="reranker",
+                                                   group="gpu:0", measured=0.5))
+    assert latencies([on_gpu], "teola-full", durations=lossy) == [1.5]
+    with pytest.raises(ConfigError, match="cpu_sharing"):
+        Durations("measured", PROFILE, cpu_sharing=1.5)
+
+
 def test_engine_batches_across_queries_at_the_profiles_gain():
     qs = [query(node("a"), name="q1"), query(node("a"), name="q2")]
     # one call of 2 items: 2 x 1.0 s x (1.2 / 2.0)

@@ -30,8 +30,8 @@ from ..optimizer.cost import CostModel
 from ..runtime.engine_tuning import tuned
 from ..runtime.hosting import EngineSpec
 
-__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "machine_meta", "write_results",
-           "profile_engines"]
+__all__ = ["bench_embedder", "bench_vector_store", "bench_reranker", "bench_search", "bench_llm", "bench_cpu_sharing",
+           "machine_meta", "write_results", "profile_engines"]
 
 EMBED_BATCHES = (1, 8, 32, 64)
 PASS_SIZES = (1, 4, 8, 16, 32, 64)  # texts in one sentence-transformers forward pass
@@ -305,6 +305,61 @@ async def _prefill_stalls(engine, prompt: Callable[[int], str], repeats: int) ->
     alone = statistics.median([await decode_s(None) for _ in range(repeats)])
     return [(statistics.median([await decode_s(n) for _ in range(repeats)]) - alone) / STALL_PREFILLS
             for n in PREFILL_TOKENS]
+
+
+SHARING_DECODE_TOKENS = 160  # the decode the embedder runs beside: several seconds on a CPU
+SHARING_EMBED_TEXTS = 8  # one embed call: a forward pass of the runtime's CPU pass size
+
+
+async def bench_cpu_sharing(repeats: int = 3) -> dict[str, Any]:
+    """How much work two engines get done side by side on the same CPU cores, as a share of
+    what each does alone: the embedder encoding passages in a loop beside a vLLM decode. Each
+    keeps its own thread pool (as in the runtime), so when both run each gets less than half
+    the cores' work done if the pools cost each other more than an equal share (threads
+    waiting on descheduled peers, caches). ``efficiency`` is the sum of the two shares: 1.0
+    is an equal, loss-free split; the simulator's processor sharing uses it."""
+    from ..engines.llm_vllm import VLLMEngine
+
+    embedder, llm = runtime_embedder(), VLLMEngine()
+    await embedder.start()
+    await llm.start()
+    try:
+        texts = [p.text for p in _passages()[:SHARING_EMBED_TEXTS]]
+        params = {"temperature": 0.0, "max_tokens": SHARING_DECODE_TOKENS, "ignore_eos": True}
+        nonce = iter(range(10**9))
+
+        async def decode_s() -> float:
+            start = time.perf_counter()
+            await llm.generate(f"[{next(nonce)}] Write a long story about a lighthouse keeper.", params)
+            return time.perf_counter() - start
+
+        async def embed_s() -> float:
+            start = time.perf_counter()
+            await embedder.embed(texts)
+            return time.perf_counter() - start
+
+        await decode_s(), await embed_s()  # warm-up
+        decode_alone = statistics.median([await decode_s() for _ in range(repeats)])
+        embed_alone = statistics.median([await embed_s() for _ in range(max(3, repeats))])
+        embed_shares, decode_shares = [], []
+        for _ in range(repeats):
+            decoding = asyncio.ensure_future(decode_s())
+            calls, start = 0, time.perf_counter()
+            while not decoding.done():  # embed calls back to back for as long as the decode runs
+                await embedder.embed(texts)
+                calls += 1
+            embed_shares.append(embed_alone * calls / (time.perf_counter() - start))
+            decode_shares.append(decode_alone / await decoding)
+        embed_share, decode_share = statistics.median(embed_shares), statistics.median(decode_shares)
+        return {"efficiency": round(embed_share + decode_share, 3),
+                "shares": {"embedder": round(embed_share, 3), "llm": round(decode_share, 3)},
+                "alone_s": {"embed": round(embed_alone, 4), "decode": round(decode_alone, 4)},
+                "how": f"embed calls of {SHARING_EMBED_TEXTS} SQuAD paragraphs back to back beside one vLLM decode of "
+                       f"{SHARING_DECODE_TOKENS} tokens; each share = its work done beside the other / alone, "
+                       f"median of {repeats}"}
+    finally:
+        await llm.close()
+        await embedder.close()
 
 
 def machine_meta(repeats: int) -> dict[str, Any]:

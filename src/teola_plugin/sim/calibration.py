@@ -124,14 +124,14 @@ def deployment_cost_model(host: CostModel, deployment: Deployment | None = None)
                      compute_groups=groups, default_group=HOST_GROUP)
 
 
-def predict_paper_apps(host: CostModel, deployment: Deployment | None) -> dict[str, Any]:
+def predict_paper_apps(host: CostModel, deployment: Deployment | None, cpu_sharing: float = 1.0) -> dict[str, Any]:
     """The paper's apps as the tracer lowers them (``capture/app_graphs``), planned by the
     optimizer for ``deployment``'s hardware and simulated with the profile's costs:
     plain-sequential on the module-order graph, teola-full on the optimized one. Unlike the
     recorded traces (optimized for the machine they ran on), the passes here decide for
     the target: on GPUs they may split stages and prefill prefixes that a CPU declines."""
     cost = deployment_cost_model(host, deployment)
-    durations = Durations("profile", cost)
+    durations = Durations("profile", cost, cpu_sharing=cpu_sharing)
     out: dict[str, Any] = {}
     for name, build in app_graphs.APPS.items():
         plain = QueryTrace(name, name, (graph_trace(build(), cost),))
@@ -144,11 +144,12 @@ def predict_paper_apps(host: CostModel, deployment: Deployment | None) -> dict[s
     return out
 
 
-def predict(traces: Mapping[str, list[QueryTrace]], host: CostModel, deployment: Deployment) -> dict[str, Any]:
+def predict(traces: Mapping[str, list[QueryTrace]], host: CostModel, deployment: Deployment,
+            cpu_sharing: float = 1.0) -> dict[str, Any]:
     """APP -> mean latency of plain-sequential and teola-full on ``deployment`` and the speedup
-    (``traces``: :func:`recorded_traces`)."""
+    (``traces``: :func:`recorded_traces`; ``cpu_sharing``: the host's, see ``Durations``)."""
     target = deployment_cost_model(host, deployment)
-    durations = Durations("measured", host, target=target)
+    durations = Durations("measured", host, target=target, cpu_sharing=cpu_sharing)
     groups = {**{"cpu": HOST_GROUP}, **deployment.compute_groups()}
     out: dict[str, Any] = {}
     for name, recorded in traces.items():

@@ -15,6 +15,10 @@ the profile's ``llm_decode_concurrent`` curve (tokens of ``n`` sequences of 64) 
 one, else no gain from batching. Moved to other hardware, a decode costs its recorded
 tokens times the target's step (or, tokens unknown, its time scaled by the two profiles'
 single-sequence steps).
+
+Activities that share a CPU group get ``cpu_sharing`` of the cores' work done between them
+(measured by ``scripts/bench_engines.py --sharing``: two engines' thread pools on the same
+cores cost each other more than an equal split), applied whenever two or more run.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ CONCURRENT_SEQ_TOKENS = 64  # what bench_engines' llm_decode_concurrent curve ho
 
 class Durations:
     def __init__(self, mode: str, source: CostModel, target: CostModel | None = None,
-                 decode_step_s: float | None = None) -> None:
+                 decode_step_s: float | None = None, cpu_sharing: float = 1.0) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown duration mode {mode!r}; known: {', '.join(MODES)}")
         if target is not None and mode != "measured":
@@ -47,6 +51,11 @@ class Durations:
         # One decode step as recorded on the source (see recorded_decode_step): a floor under
         # a recorded decode's time, which can miss the tokens made while other steps were timed.
         self.decode_step_s = decode_step_s
+        # The work activities sharing CPU cores get done together, as a share of one alone's
+        # (the profile's measured ``sharing``; 1.0: an equal, loss-free split).
+        if not 0.0 < cpu_sharing <= 1.0:
+            raise ConfigError(f"cpu_sharing must be in (0, 1], got {cpu_sharing!r}")
+        self.cpu_sharing = cpu_sharing
 
     def _profiled(self, model: CostModel, node: NodeTrace, items: float) -> float:
         return model.latency(node.engine, node.op, items, node.kind)

@@ -45,9 +45,11 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
         raise ConfigError(f"{traces_path or results_path.with_name('traces.json')} holds no query traces: run "
                           "`teola bench` with the bound runs (not --no-bound)")
     host = CostModel.from_file(profile_path)
+    sharing = _load(profile_path, "engine profiles").get("sharing", {}).get("cpu", {})
+    share = float(sharing.get("efficiency", 1.0))
     parsed = recorded_traces(results, traces)
     step = recorded_decode_step(t for rows in parsed.values() for t in rows)
-    recorded = Durations("measured", host, decode_step_s=step)
+    recorded = Durations("measured", host, decode_step_s=step, cpu_sharing=share)
     return {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -56,14 +58,15 @@ def run(results_path: Path, profile_path: Path, deployments: Sequence[str], comm
                    "profile": str(profile_path)},
         "target": CALIBRATION_TARGET,
         "recorded_decode_step_s": step,
+        "cpu_sharing": sharing or None,
         "calibration": calibrate(results, parsed, recorded),
-        "calibration_profile_only": calibrate(results, parsed, Durations("profile", host)),
+        "calibration_profile_only": calibrate(results, parsed, Durations("profile", host, cpu_sharing=share)),
         "load_what_if": load_what_if(results, parsed, recorded),
         "predictions": {
-            d.name: {"deployment": text, "assumptions": d.assumptions(), "apps": predict(parsed, host, d),
-                     "paper_apps": predict_paper_apps(host, d)}
+            d.name: {"deployment": text, "assumptions": d.assumptions(), "apps": predict(parsed, host, d, share),
+                     "paper_apps": predict_paper_apps(host, d, share)}
             for text, d in ((t, parse_deployment(t)) for t in deployments)},
-        "paper_apps_here": predict_paper_apps(host, None),
+        "paper_apps_here": predict_paper_apps(host, None, share),
         "ayo_measured": {app: {"name": n, "plain_s": p, "ayo_s": a, "speedup": round(p / a, 3)}
                          for app, (n, p, a) in AYO_MEASURED.items()},
     }
@@ -114,6 +117,21 @@ def _errors(calibration: dict[str, Any], key: str) -> list[float]:
     return [abs(r[key]) for r in rows if r.get(key) is not None]
 
 
+def _sharing_text(sharing: dict[str, Any] | None) -> str:
+    """How the page says the model splits the cores between what runs on them."""
+    if not sharing:
+        return ("Whatever runs on the two cores shares them equally and without loss (the profile has no "
+                "`sharing` measurement: `scripts/bench_engines.py --sharing`), where two thread pools on "
+                "two cores cost each other more than an equal share, so the load rows come out low.")
+    shares = sharing.get("shares", {})
+    return (f"Whatever runs on the two cores shares them, together getting {sharing['efficiency']:.0%} of one "
+            f"alone's work done: what the profile measured two engines doing side by side (the embedder "
+            f"{shares.get('embedder', 0):.0%} and a vLLM decode {shares.get('llm', 0):.0%} of their work alone; "
+            f"`python scripts/bench_engines.py --only --sharing`, {str(sharing.get('date', ''))[:10]}). "
+            "Under Poisson load that split is the model's coarsest part: the OS, vLLM's bound threads, the "
+            "embedder's thread pool and the framework's threads are not two equal activities.")
+
+
 def render(sim: dict[str, Any]) -> str:
     src = sim["source"]
     cal = sim["calibration"]
@@ -154,10 +172,7 @@ def render(sim: dict[str, Any]) -> str:
         "in the same run as the measurements). A prefill holds the LLM's decodes for what the profile measured a "
         "prefill costing a decode beside it (`llm_prefill_stall`), not for its whole recorded time, which "
         "also holds the request's way into the engine and back (search_gen's 192-token prefills: "
-        "0.2-0.34 s recorded; a decode beside one loses about 12 ms). Under Poisson load the model's "
-        "sharing of the two cores is coarsest: equal shares for whatever runs, where the OS, vLLM's bound "
-        "threads and the embedder's thread pool are not equal, and the load rows come out low: two thread "
-        "pools on two cores cost each other more than an equal share.",
+        "0.2-0.34 s recorded; a decode beside one loses about 12 ms). " + _sharing_text(sim.get("cpu_sharing")),
         "",
         "With costs from the profile file alone (each primitive's work items as the lowering estimates "
         "them, a decode's as its recorded tokens; no recorded times), the errors are:",

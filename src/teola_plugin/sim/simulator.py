@@ -21,9 +21,11 @@ What is modelled, and how the runtime does it:
   prefill's recorded time (its way into the engine and back) delays only its own requests.
 * **Shared hardware**: everything running on one compute group (engine batches, the LLM's
   prefill and its decode steps, framework steps) shares it equally (processor sharing):
-  ``k`` activities on a group each progress at ``1/k`` of their speed alone. Engines of
-  different groups run side by side. This is why a 2-core CPU gains less from overlap
-  than the critical path promises.
+  ``k`` activities on a group each progress at ``1/k`` of their speed alone, on a CPU group
+  at ``cpu_sharing / k`` when ``k >= 2`` (``Durations.cpu_sharing``, measured: thread pools
+  sharing cores lose some of their work to each other). Engines of different groups run
+  side by side. This is why a 2-core CPU gains less from overlap than the critical path
+  promises.
 * **Arrivals**: ``closed`` (each query starts when the previous one ends: the benchmark's
   per-question runs) or a list of arrival times (the Poisson sweeps).
 
@@ -46,6 +48,7 @@ from .trace import GraphTrace, NodeTrace, QueryTrace
 EPS = 1e-9
 LLM_KIND = "llm"
 CPU_KIND = "cpu"
+CPU_GROUP = "cpu:"  # the runtime's name prefix for time-shared CPU cores (runtime/compute_groups.py)
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,20 @@ class Simulation:
     def start(self, group: str, activity: Activity) -> None:
         self.groups.setdefault(group, []).append(activity)
 
+    def share(self, group: str, running: int) -> float:
+        """The speed, relative to alone, of each of ``running`` activities on ``group``."""
+        if running > 1 and group.startswith(CPU_GROUP):
+            return self.durations.cpu_sharing / running
+        return 1.0 / running
+
     def run(self) -> None:
         while True:
             t_event = self._events[0][0] if self._events else math.inf
             t_work = math.inf
-            for acts in self.groups.values():
+            for group, acts in self.groups.items():
                 running = [a for a in acts if not a.waiting]
                 if running:
-                    t_work = min(t_work, self.now + min(a.left() for a in running) * len(running))
+                    t_work = min(t_work, self.now + min(a.left() for a in running) / self.share(group, len(running)))
             t = min(t_event, t_work)
             if t == math.inf:
                 return
@@ -175,11 +184,12 @@ class Simulation:
 
     def _advance(self, t: float) -> None:
         dt = max(0.0, t - self.now)
-        for acts in self.groups.values():
+        for group, acts in self.groups.items():
             running = [a for a in acts if not a.waiting]
             if running and dt > 0:
+                speed = self.share(group, len(running))
                 for a in running:
-                    a.advance(dt / len(running))
+                    a.advance(dt * speed)
         self.now = max(self.now, t)
 
     def _settle(self) -> None:
