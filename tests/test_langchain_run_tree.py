@@ -109,7 +109,7 @@ def test_runs_under_outer_tags_and_bound_tags_carry_them_in_plains_order(model_s
     TeolaRunnable(chain, runtime=runtime).invoke(QUESTIONS[1], {"callbacks": [teola], "tags": ["outer"]})
     tags = {path[-1]: tags for path, kind, tags, *_ in plain.tree()}
     assert list(tags["ChatOpenAI"]) == ["seq:step:3", "inner", "outer"]
-    assert list(tags["VectorStoreRetriever"])[-2:] == ["docs", "outer"]
+    assert list(tags["VectorStoreRetriever"])[:3] == ["seq:step:1", "docs", "outer"]  # then the store's own
     assert teola.tree() == plain.tree()
 
 
