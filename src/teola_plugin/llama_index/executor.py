@@ -539,7 +539,8 @@ class TeolaExecutor:
                     engines=engines, observer=observer))
 
         def start() -> Any:
-            future = (spans_opened_in or contextvars.copy_context()).run(submit)
+            context = spans_opened_in if spans_opened_in is not None else contextvars.copy_context()
+            future = context.run(submit)  # a Context is a mapping: an empty one is falsy
             future.add_done_callback(lambda _: tokens.put(_END))
             return future
 
