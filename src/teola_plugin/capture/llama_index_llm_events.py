@@ -75,7 +75,7 @@ class StartedCall:
         self.ended = False  # its end reported, or due (a failure after it is not the call's)
         self._chunks: deque[tuple[str, Any]] = deque()
         self._reported = 0  # chunks whose in-progress event was reported
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self.pace = ReadPace.of(self) if events.streamed else None
 
     def __call__(self, text: str, chunk: Any = None) -> None:  # on the runtime loop, per chunk
@@ -150,12 +150,12 @@ class ReadPace:
             call.report_chunks(upto=read)
 
     def end_when_read(self, report: Any) -> None:
-        """The call ended: its end events (``report()``) once the reader is past its last token."""
+        """The call ended: its end events (``report()``) once the reader is past its last token.
+        None if the reader left first (its ``GeneratorExit`` was the call's end, as plain's):
+        the decode can finish while the run is being cancelled."""
         with self._lock:
             if not self._over:
                 self._end = report
-                return
-        report()  # the reader has gone already (not reached: a run it left is cancelled)
 
     def exhausted(self) -> None:
         """The reader was told there are no more tokens: what is left, and the end."""
