@@ -11,7 +11,7 @@ import pytest
 
 from teola_plugin.bench import metrics
 from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, batched_work_s, query_bound
-from teola_plugin.bench.runner import poisson_summary
+from teola_plugin.bench.load import poisson_summary
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
 from teola_plugin.optimizer.cost import CostModel
@@ -108,16 +108,24 @@ def test_batched_work_counts_a_call_at_its_engines_best_throughput():
 
 
 def test_poisson_summary_finds_where_plain_concurrent_saturates():
-    row = lambda system, rate, thr, p99: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
-                                          "p99_s": p99, "mean_s": p99, "n": 5}
-    rows = [row("plain-concurrent", 0.5, 0.5, 4.0), row("teola-full", 0.5, 0.5, 3.0),
-            row("plain-concurrent", 1.0, 0.6, 20.0), row("teola-full", 1.0, 0.95, 5.0)]
+    row = lambda system, rate, thr, p99, good: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
+                                                "p99_s": p99, "mean_s": p99, "n": 5, "goodput_qps": good}
+    rows = [row("plain-concurrent", 0.5, 0.5, 4.0, 0.5), row("teola-full", 0.5, 0.5, 3.0, 0.5),
+            row("plain-concurrent", 1.0, 0.6, 20.0, 0.2), row("teola-full", 1.0, 0.95, 5.0, 0.9)]
     summary = poisson_summary(rows)
     assert summary["saturation_rate_qps"] == 1.0 and summary["saturated"]
     assert summary["p99_ratio"] == pytest.approx(4.0)
+    assert summary["goodput_ratio"] == pytest.approx(4.5)  # teola's 0.9 q/s within the SLO over plain's 0.2
+    # plain's goodput peaked below its saturating rate; teola's at the highest rate run, so maybe higher
+    assert summary["goodput_peaks"] == {"plain-concurrent": {"rate_qps": 0.5, "goodput_qps": 0.5, "at_highest_rate": False},
+                                        "teola-full": {"rate_qps": 1.0, "goodput_qps": 0.9, "at_highest_rate": True}}
     # latency alone also marks saturation: mean 4 s at 0.5 q/s is over twice an unloaded 1.5 s
     assert poisson_summary(rows, unloaded_s=1.5)["saturation_rate_qps"] == 0.5
+    assert poisson_summary(rows, unloaded_s=1.5)["goodput_ratio"] == pytest.approx(1.0)
     assert poisson_summary(rows, unloaded_s=3.0)["saturation_rate_qps"] == 1.0
+    # no answer of plain's within the SLO: no ratio (rather than a division by zero)
+    rows[2]["goodput_qps"] = 0.0
+    assert "goodput_ratio" not in poisson_summary(rows)
 
 
 @pytest.mark.slow

@@ -86,6 +86,24 @@ def test_the_load_target_shows_the_p99_ratio_at_every_rate_both_systems_ran():
     assert report.p99_ratios([]) == "no rate with both systems"
 
 
+def test_the_load_targets_judge_p99_and_goodput_at_the_saturating_rate_from_the_sweep_rows():
+    row = lambda system, rate, thr, p99, good: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
+                                                "p99_s": p99, "mean_s": p99 / 2, "n": 8, "goodput_qps": good}
+    app = {"systems": {"plain-concurrent": {"mean_s": 2.0}},
+           "poisson": [row("plain-concurrent", 0.25, 0.25, 3.0, 0.25), row("teola-full", 0.25, 0.25, 2.5, 0.25),
+                       row("plain-concurrent", 0.5, 0.3, 12.0, 0.1), row("teola-full", 0.5, 0.45, 5.0, 0.2)]}
+    p99, goodput = report.load_targets("doc_qa_naive", app)
+    assert "at 0.500 q/s (saturating) p99 plain-concurrent 12.00 s vs teola-full 5.00 s = 2.40x" in p99
+    assert p99.endswith("At every rate run: 0.250 q/s 1.20x, 0.500 q/s 2.40x.") and ": met." in p99
+    assert "goodput at the SLO at 0.500 q/s (saturating) plain-concurrent 0.100 q/s vs teola-full 0.200 q/s = 2.00x " \
+           "(target >= 1.5x): met." in goodput
+    assert goodput.endswith("Goodput peaks, of the rates run: plain-concurrent 0.250 q/s at 0.250 q/s offered; "
+                            "teola-full 0.250 q/s at 0.250 q/s offered.")
+    app["poisson"][3]["goodput_qps"] = 0.12
+    assert "= 1.20x (target >= 1.5x): MISSED" in report.load_targets("doc_qa_naive", app)[1]
+    assert report.load_targets("x", {"poisson": app["poisson"][:1]}) == []  # teola-full never ran: no ratio
+
+
 def test_the_latency_picture_is_drawn_when_the_first_app_ran_nothing(tmp_path):
     from teola_plugin.bench import plots
 

@@ -33,6 +33,7 @@ from ..sim.trace import recorded_query
 from .bound import IsolatingHandlers, trace_bound
 from .checkpoint import Checkpoint
 from .framework_events import EventRecorder
+from .load import poisson_summary
 from .model_server import ModelServer, start_model_server
 
 
@@ -403,24 +404,3 @@ def _gantt(ok: list[dict[str, Any]]) -> dict[str, Any] | None:
     q = both[-1]
     return {"query": q, "plain_latency_s": plain[q]["latency_s"], "teola_latency_s": teola[q]["latency_s"],
             "plain_events": plain[q].get("events", []), "teola_spans": teola[q].get("spans", [])}
-
-
-def poisson_summary(rows: list[dict[str, Any]], unloaded_s: float | None = None) -> dict[str, Any]:
-    """plain-concurrent's saturation rate — the lowest rate whose throughput falls below 80% of
-    the offered rate, or whose mean latency exceeds twice the unloaded one (``unloaded_s``) —
-    and the p99 of both systems there."""
-    def saturated(r: dict[str, Any]) -> bool:
-        slow = unloaded_s is not None and r["mean_s"] is not None and r["mean_s"] > 2 * unloaded_s
-        return r["throughput_qps"] < 0.8 * r["rate_qps"] or slow
-
-    pc = sorted((r for r in rows if r["system"] == PLAIN_CONCURRENT.name and r["n"]), key=lambda r: r["rate_qps"])
-    sat = next((r for r in pc if saturated(r)), pc[-1] if pc else None)
-    if sat is None:
-        return {}
-    teola = next((r for r in rows if r["system"] == TEOLA_FULL.name and r["rate_qps"] == sat["rate_qps"]), None)
-    out = {"saturation_rate_qps": sat["rate_qps"], "saturated": saturated(sat),
-           "plain_concurrent_p99_s": sat["p99_s"], "teola_p99_s": teola["p99_s"] if teola else None}
-    if teola and teola["p99_s"] and sat["p99_s"]:
-        out["p99_ratio"] = round(sat["p99_s"] / teola["p99_s"], 3)
-    return out
-
