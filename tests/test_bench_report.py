@@ -86,6 +86,18 @@ def test_the_load_target_shows_the_p99_ratio_at_every_rate_both_systems_ran():
     assert report.p99_ratios([]) == "no rate with both systems"
 
 
+def test_an_app_target_with_answers_that_differ_adds_the_ratio_over_the_questions_answered_alike():
+    run = lambda q, system, answer, s: {"query": q, "system": system, "answer": answer, "latency_s": s}  # noqa: E731
+    app = {"app_speedup": 0.9, "app_speedup_p99": 0.8, "runs": [
+        run("q1", "plain-app", "Paris", 2.0), run("q1", "teola-app", "Paris", 1.0),
+        run("q2", "plain-app", "Lyon", 4.0), run("q2", "teola-app", "Lyon is a city in France", 9.0),
+        run("q3", "plain-app", "x", 3.0), run("q3", "plain-sequential", "x", 3.0)]}  # q3: teola-app did not run
+    line = report._app_target("li_workflow", app)
+    assert ": MISSED. On the 1 of 2 questions both answered alike: 2.00x mean" in line
+    app["runs"][3]["answer"] = "Lyon"
+    assert report._app_target("li_workflow", app).endswith(": MISSED.")  # all alike: nothing to add
+
+
 def test_the_load_targets_judge_p99_and_goodput_at_the_saturating_rate_from_the_sweep_rows():
     row = lambda system, rate, thr, p99, good: {"system": system, "rate_qps": rate, "throughput_qps": thr,  # noqa: E731
                                                 "p99_s": p99, "mean_s": p99 / 2, "n": 8, "goodput_qps": good}

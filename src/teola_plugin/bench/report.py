@@ -209,7 +209,24 @@ def _app_target(name: str, app: dict[str, Any]) -> str:
     else:
         verdict = "MISSED"
     return (f"* **{name}**, the app as users write it: plain-app / teola-app = {mean:.2f}x mean, {_f(p99)}x p99 "
-            f"(target >= {want}x mean, >= {TARGET_APP}x p99): {verdict}.")
+            f"(target >= {want}x mean, >= {TARGET_APP}x p99): {verdict}.{_answered_alike(app)}")
+
+
+def _answered_alike(app: dict[str, Any]) -> str:
+    """Where some answers differ, the ratio over the questions both systems answered alike: a
+    different greedy answer (a near tie rounded another way) decodes other tokens, often
+    another number of them, which is other work rather than the same work scheduled better."""
+    latency: dict[str, dict[str, tuple[str, float]]] = collections.defaultdict(dict)
+    for r in app.get("runs", []):
+        if r.get("system") in ("plain-app", "teola-app") and "latency_s" in r:
+            latency[r["query"]][r["system"]] = (r.get("answer"), r["latency_s"])
+    both = [q for q in latency.values() if len(q) == 2]
+    alike = [q for q in both if q["plain-app"][0] == q["teola-app"][0]]
+    if len(alike) == len(both) or not alike:
+        return ""
+    plain, teola = ([q[s][1] for q in alike] for s in ("plain-app", "teola-app"))
+    return (f" On the {len(alike)} of {len(both)} questions both answered alike: {sum(plain) / sum(teola):.2f}x mean "
+            f"(the others decoded different answers).")
 
 
 def targets(results: dict[str, Any]) -> list[str]:
@@ -360,6 +377,8 @@ COMPANION_PAGES = {
                           "chat engine (`teola bench --apps li_sub_question li_chat ...`)",
     "li_workflow_app/page.md": "The Workflow fan-out as users write it, plain-app vs teola-app over 20 questions "
                                "(`teola bench --apps li_workflow --systems plain-app teola-app --questions 20 ...`)",
+    "poisson_more/page.md": "Open-loop Poisson load on apps 4-10, plain-concurrent vs teola-full (`teola bench --apps "
+                            "multihop summarize ... --poisson-apps multihop summarize ... --no-bound`)",
 }
 
 
