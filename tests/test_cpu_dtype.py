@@ -42,3 +42,17 @@ def test_unknown_flags_a_gpu_or_an_explicit_dtype_keep_what_was_given(cpu):
 def test_this_machines_flags_are_read():
     flags = cpu_dtype.cpu_flags()
     assert flags and ("sse2" in flags or "fp" in flags)  # every x86_64 has SSE2, every aarch64 FP
+
+
+def test_a_benchmark_names_the_cpu_its_widest_vector_extension_and_whether_bf16_is_native(cpu, monkeypatch):
+    monkeypatch.setattr(cpu_dtype, "_cpu_model", lambda: "AMD EPYC")
+    cpu({"avx", "avx2", "fma"})
+    assert cpu_dtype.describe_cpu() == "AMD EPYC, AVX2, bf16 emulated"
+    monkeypatch.setattr(cpu_dtype, "_cpu_model", lambda: "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
+    cpu({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    assert cpu_dtype.describe_cpu() == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, AMX, bf16 native"
+    cpu({"avx2", "avx512f"})  # AVX-512 without its BF16 extension
+    assert cpu_dtype.describe_cpu().endswith(", AVX-512, bf16 emulated")
+    monkeypatch.setattr(cpu_dtype, "_cpu_model", lambda: "")
+    cpu(None)  # nothing readable: the platform's word for it
+    assert cpu_dtype.describe_cpu() == (cpu_dtype.platform.processor() or "cpu")

@@ -369,7 +369,10 @@ def machine_meta(repeats: int) -> dict[str, Any]:
     import platform
     import sys
 
-    return {"device": f"cpu ({os.cpu_count()} cores, {platform.machine()})", "python": sys.version.split()[0],
+    from ..engines.cpu_dtype import describe_cpu
+
+    return {"device": f"cpu ({os.cpu_count()} cores, {platform.machine()}, {describe_cpu()})",
+            "python": sys.version.split()[0],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "repeats": repeats}
 
 

@@ -76,8 +76,11 @@ def quick_config(**overrides: Any) -> BenchConfig:
 def machine() -> str:
     import torch
 
+    from ..engines.cpu_dtype import describe_cpu
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, {gpu}, python {sys.version.split()[0]}, "
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores ({describe_cpu()}), {gpu}, "
+            f"python {sys.version.split()[0]}, "
             f"{platform.system()} {platform.release()}")
 
 

@@ -38,6 +38,29 @@ def cpu_flags() -> frozenset[str] | None:
     return None
 
 
+def describe_cpu() -> str:
+    """The CPU as a benchmark page names it: model, widest vector extension, whether bf16 is
+    native (``AMD EPYC, AVX2, bf16 emulated``): hosts of one VM type differ in these, and the
+    LLM's speed with them (measurements from different hosts are not comparable)."""
+    flags, model = cpu_flags() or frozenset(), _cpu_model()
+    isa = next((name for flag, name in (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                                        ("asimd", "NEON")) if flag in flags), "")
+    bf16 = "bf16 native" if flags & NATIVE_BF16_FLAGS else "bf16 emulated"
+    return ", ".join(part for part in (model, isa, bf16 if flags else "") if part) or platform.processor() or "cpu"
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return " ".join(value.split())
+    return ""
+
+
 def best_cpu_dtype() -> str:
     """``"float32"`` where bf16 would be emulated, else ``"auto"`` (the checkpoint's dtype)."""
     flags = cpu_flags()
