@@ -126,6 +126,8 @@ def test_poisson_summary_finds_where_plain_concurrent_saturates():
     # no answer of plain's within the SLO: no ratio (rather than a division by zero)
     rows[2]["goodput_qps"] = 0.0
     assert "goodput_ratio" not in poisson_summary(rows)
+    rows[2]["goodput_qps"], rows[3]["goodput_qps"] = 0.2, 0.0  # none of teola's: a ratio of 0
+    assert poisson_summary(rows)["goodput_ratio"] == 0.0
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def poisson_summary(rows: list[dict[str, Any]], unloaded_s: float | None = None)
     p99 = _ratio(sat["p99_s"], out["teola_p99_s"])
     if p99 is not None:
         out["p99_ratio"] = p99
-    goodput = _ratio(out["teola_goodput_qps"], out["plain_concurrent_goodput_qps"])  # higher is better
-    if goodput is not None:
-        out["goodput_ratio"] = goodput
+    good_pc, good_teola = out["plain_concurrent_goodput_qps"], out["teola_goodput_qps"]
+    if good_pc and good_teola is not None:  # higher is better; none of plain's in the SLO: no ratio
+        out["goodput_ratio"] = round(good_teola / good_pc, 3)
     return out
