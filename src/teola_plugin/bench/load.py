@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# The systems' names as the sweep rows carry them (bench.apps names them too, but importing it
+# loads both frameworks, which the page and its tests need not)
 PLAIN = "plain-concurrent"
 TEOLA = "teola-full"
 
