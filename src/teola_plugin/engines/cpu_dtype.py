@@ -24,18 +24,24 @@ from pathlib import Path
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 flags; "bf16" in an Arm "Features" line
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (None where it cannot be read)."""
+def _cpuinfo_field(*keys: str) -> str | None:
+    """The first core's value of the first of ``keys`` in ``/proc/cpuinfo`` (None: not there)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
+        if key.strip() in keys:
+            return value
     return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (None where it cannot be read)."""
+    value = _cpuinfo_field("flags", "Features")
+    return None if value is None else frozenset(value.split())
 
 
 def describe_cpu() -> str:
@@ -50,15 +56,7 @@ def describe_cpu() -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return " ".join(value.split())
-    return ""
+    return " ".join((_cpuinfo_field("model name") or "").split())
 
 
 def best_cpu_dtype() -> str:
