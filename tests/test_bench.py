@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from teola_plugin.bench import metrics
-from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, batched_work_s, query_bound
+from teola_plugin.bench.bound import IsolatingHandlers, RunRecord, batched_work_s, query_bound, trace_bound
 from teola_plugin.bench.load import poisson_summary
 from teola_plugin.ir.graph import PGraph
 from teola_plugin.ir.ports import PortType as T
 from teola_plugin.optimizer.cost import CostModel
+from teola_plugin.sim.trace import GraphTrace, NodeTrace, QueryTrace
 
 
 def test_exact_match_and_f1_follow_the_squad_rules():
@@ -85,11 +86,12 @@ def test_hardware_aware_bound_waits_for_the_busiest_compute_group():
     assert bound["bound_s"] == pytest.approx(5.0)  # a overlaps b on unlimited engines...
     assert bound["group_work_s"] == {"cpu:host": pytest.approx(6.0)}
     assert bound["hw_bound_s"] == pytest.approx(1.0 + 6.0)  # ...but one CPU computes a, b and c in turn
-    # Each engine on hardware of its own: the one embedder still computes a and b in turn.
+    # Each engine on hardware of its own: the one embedder still computes a and b in turn,
+    # and c, which reads both, runs after the later of them.
     apart = query_bound(handlers, wall_s=7.0, cost_model=CostModel(
         {"embedder": {"embed": {"batch": [1, 10], "latency_s": [1.0, 10.0]}}}))
     assert apart["group_work_s"] == {"engine:embedder": pytest.approx(5.0), "engine:cpu": pytest.approx(1.0)}
-    assert apart["hw_bound_s"] == pytest.approx(1.0 + 5.0)
+    assert apart["hw_bound_s"] == pytest.approx(1.0 + 5.0 + 1.0)
     assert "hw_bound_s" not in query_bound(handlers, wall_s=7.0)  # no cost model: the critical-path bound only
 
 
@@ -105,6 +107,51 @@ def test_batched_work_counts_a_call_at_its_engines_best_throughput():
     decode = g.add("llm_decode", inputs={"state": prefill.out("state")}, attrs={"max_tokens": 8})
     assert batched_work_s(cost, prefill, 0.0189) == pytest.approx(0.0189 * (1.148 / 2048) / (0.0189 / 16))
     assert batched_work_s(cost, decode, 0.5) == 0.0  # decode batches across sequences: left to the critical path
+
+
+def _leaves_then_root(prefill_s: float = 1.0, tokens: float = 100.0) -> QueryTrace:
+    """tree_summarize's shape: three leaf prefills (``tokens`` prompt tokens) each followed by
+    its decode (2 s), then the root's prefill and decode, all on the one LLM engine."""
+    def node(name, op, preds, measured):
+        return NodeTrace(name, op, "llm", "llm", "engine:llm", preds, tokens, measured)
+    leaves = [n for i in range(3) for n in (node(f"p{i}", "llm_prefill", (), prefill_s),
+                                            node(f"d{i}", "llm_decode", (f"p{i}",), 2.0))]
+    root = (node("p_root", "llm_prefill", ("d0", "d1", "d2"), 0.5), node("d_root", "llm_decode", ("p_root",), 1.0))
+    return QueryTrace("summarize", "q", (GraphTrace("g", (*leaves, *root)),), 0.0)
+
+
+def test_hardware_aware_bound_waits_for_a_levels_prefills_on_the_one_engine_before_its_last_decode():
+    # 100 prompt tokens take 1 s at the engine's best rate (0.01 s a token), batched or not
+    cost = CostModel({"llm": {"llm_prefill": {"batch": [100, 200], "latency_s": [1.0, 2.0]}}})
+    bound = trace_bound(_leaves_then_root(), cost)
+    assert bound["critical_path_s"] == pytest.approx(1.0 + 2.0 + 0.5 + 1.0)  # the leaves side by side
+    # the root cannot start before the engine prefilled all three leaves (3 s) and then
+    # decoded the last of them (2 s)
+    assert bound["hw_bound_s"] == pytest.approx(3 * 1.0 + 2.0 + 0.5 + 1.0)
+    assert bound["group_work_s"] == {"engine:llm": pytest.approx(3 * 1.0 + 0.5)}  # decode: only on the paths
+    # a prefill timed at 1.5 s (vLLM ran other streams on meanwhile) is 1 s of the engine's work
+    slow = trace_bound(_leaves_then_root(prefill_s=1.5), cost)
+    assert slow["critical_path_s"] == pytest.approx(1.5 + 2.0 + 0.5 + 1.0)
+    assert slow["hw_bound_s"] == pytest.approx(3 * 1.0 + 2.0 + 0.5 + 1.0)
+
+
+def test_rebound_recomputes_a_finished_runs_bounds_from_its_traces_and_says_so():
+    from teola_plugin.bench.rebound import rebound
+    from teola_plugin.bench.report import render
+
+    trace = _leaves_then_root(tokens=2048.0)  # the default profile's best prefill: 2048 tokens in 1.148 s
+    results = {"command": "teola bench", "mode": "full", "machine": "m", "apps": {"summarize": {
+        "title": "Summarize", "framework": "llama_index", "workload": "w",
+        "systems": {"plain-sequential": {"mean_s": 13.0}, "teola-full": {"mean_s": 6.5}},
+        "bounds": [{"query": "q", "bound_s": 4.5, "hw_bound_s": 4.5}, {"query": "lost", "error": "Boom"}]}}}
+    assert rebound(results, {"summarize": [trace.to_dict()], "other": []}) == ["summarize"]
+    app = results["apps"]["summarize"]
+    assert app["hw_bound_mean_s"] == pytest.approx(6.5) and app["teola_over_hw_bound"] == pytest.approx(1.0)
+    assert app["bound_mean_s"] == pytest.approx(4.5) and app["ideal_speedup"] == pytest.approx(13.0 / 4.5, abs=1e-3)
+    assert app["bounds"][1] == {"query": "lost", "error": "Boom"}  # a failed bound run stays as it was
+    assert results["bounds_recomputed"]["apps"] == ["summarize"]
+    assert "bounds recomputed from the run's recorded traces" in render({**results, "apps": {}}, {})  # the header
+    assert rebound({"apps": {"x": {"bounds": []}}}, {}) == [] and "bounds_recomputed" not in results["apps"]
 
 
 def test_poisson_summary_finds_where_plain_concurrent_saturates():

@@ -152,6 +152,20 @@ def test_bench_report_only_regenerates_the_page_from_results_json(tmp_path):
     assert "| teola-full | 1 | 2.00 |" in text and "2.00x" in text
     assert "achieved 2.00x of an ideal 2.50x, 67% of the ideal gain" in text and "MISSED" in text  # 67% < 80%
     assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    # --rebound: the bounds again from the run's recorded traces (a search then the answer's prefill and decode)
+    node = lambda name, op, preds, s: {"name": name, "op": op, "engine": "e", "kind": "cpu", "group": "cpu:host",  # noqa: E731
+                                       "preds": preds, "items": 1.0, "measured_s": s}
+    trace = {"app": "search_gen", "query": "q1", "outside_s": 0.1, "graphs": [{"name": "g", "nodes": [
+        node("search", "search", [], 0.2), node("llm", "opaque", ["search"], 1.5)]}]}
+    (tmp_path / "traces.json").write_text(json.dumps({"apps": {"search_gen": [trace]}}))
+    results["apps"]["search_gen"]["bounds"] = [{"query": "q1", "bound_s": 1.6}]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    proc = teola("bench", "--report-only", "--rebound", "--out", str(tmp_path), "--page", str(page))
+    assert proc.returncode == 0, proc.stderr
+    app = json.loads((tmp_path / "results.json").read_text())["apps"]["search_gen"]
+    assert app["bound_mean_s"] == pytest.approx(1.8) and app["hw_bound_mean_s"] == pytest.approx(1.8)
+    assert "bounds recomputed from the run's recorded traces" in page.read_text()
+    assert "ideal 2.22x" in page.read_text()  # 4.0 s / 1.8 s
 
 
 def test_bench_rejects_an_unknown_app():
@@ -187,6 +201,8 @@ def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path,
     assert proc.returncode == 2 and "'--questions'" in proc.stderr
     proc = teola_here(capsys, "bench", "--report-only", "--resume", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--report-only" in proc.stderr
+    proc = teola_here(capsys, "bench", "--rebound", "--out", str(tmp_path))  # it recomputes a finished run's
+    assert proc.returncode == 2 and "--rebound" in proc.stderr and "--report-only" in proc.stderr
     data = json.loads(ckpt.read_text())
     live = {"started": "now", "open": True, "pid": os.getpid(), "host": __import__("socket").gethostname()}
     ckpt.write_text(json.dumps({**data, "segments": [live]}))  # this test process stands for a running run

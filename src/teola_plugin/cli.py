@@ -27,8 +27,17 @@ def _bench(args: argparse.Namespace) -> int:
         print("teola bench: --report-only reads results.json; it does not run (drop --resume / --fresh)",
               file=sys.stderr)
         return 2
+    if args.rebound and not args.report_only:
+        print("teola bench: --rebound recomputes a finished run's bounds; use it with --report-only", file=sys.stderr)
+        return 2
     if args.report_only:
         results = json.loads((out / "results.json").read_text())
+        if args.rebound:
+            from .bench.rebound import rebound
+
+            traces = json.loads((out / "traces.json").read_text())["apps"]
+            done = rebound(results, traces, "teola " + shlex.join(args.argv))
+            print("bounds recomputed from traces.json: " + (", ".join(done) or "no app"))
     else:
         from .bench.apps import APPS
         from .bench.checkpoint import Checkpoint, CheckpointError
@@ -193,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="results.json and PNGs (default docs/benchmarks)")
     p.add_argument("--page", help="the generated page (default docs/benchmarks.md)")
     p.add_argument("--report-only", action="store_true", help="regenerate the page and plots from results.json")
+    p.add_argument("--rebound", action="store_true",
+                   help="with --report-only: recompute the bounds from the run's recorded traces (traces.json) "
+                        "with this code's bound; the measurements stay as they were")
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
                    help=f"progress saved after every question, bound and sweep (default {DEFAULT_CHECKPOINT})")
     p.add_argument("--resume", action="store_true",

@@ -26,8 +26,14 @@ this query made). LLM decode adds no group work: its profile is per sequence, an
 runs concurrent sequences' decode steps together, so its share is unknown and left to
 the critical path (counted unscaled, the bound sat above what Teola achieved on
 tree_summarize, whose parallel decodes batch).
-The hardware-aware bound is the outside time plus the larger of the critical path and the
-busiest group's work; it is never below the critical-path bound.
+A group's work also bounds a node's start: everything the group computes for the node's
+ancestors must be done first, and after the last of it finishes at least the shortest path
+from one of those ancestors to the node must still run (a tree_summarize root waits for
+every leaf's prefill on the one LLM engine, then for one leaf's whole decode). A prefill's
+work is at most its prompt at the engine's best profiled rate: timed alone, it also holds
+the decodes vLLM runs on beside it.
+The hardware-aware bound is the outside time plus the larger of that path and the busiest
+group's work; it is never below the critical-path bound.
 
 Nothing here changes what a query computes; switched off it only forwards calls.
 """
@@ -46,6 +52,8 @@ from ..optimizer.cost import CostModel
 from ..runtime.handlers import PrimitiveHandlers
 from ..sim.durations import DECODE, decode_floor_s, recorded_decode_step
 from ..sim.trace import GraphTrace, QueryTrace, recorded_query
+
+PREFILLS = frozenset({Op.LLM_PREFILL.value, Op.LLM_PARTIAL_PREFILL.value})
 
 if TYPE_CHECKING:
     from ..ir.node import Primitive
@@ -146,45 +154,78 @@ def _group_work_s(cost_model: CostModel, op: str, engine: str, kind: str, items:
     now = cost_model.latency(engine, op, items, kind) / items
     if now <= 0.0:
         return duration_s
-    return duration_s * min(1.0, best / now)
+    work = duration_s * min(1.0, best / now)
+    # a prefill timed alone also holds the decodes vLLM runs on beside it: its prompt at the best rate caps it
+    return min(work, items * best) if op in PREFILLS else work
 
 
-def _graph_bound(graph: GraphTrace, cost_model: CostModel | None,
-                 decode_step_s: float | None) -> tuple[float, Counter[str]]:
-    """(critical path of the graph's isolated durations, each group's work): an expanded
-    node costs its own time plus its sub-graph's critical path, and its sub-graph's work
-    joins the graph's. A decode costs at least its tokens at ``decode_step_s``: vLLM runs a
-    stream on while the isolated run times other primitives, so its own wait can be short."""
-    finish: dict[str, float] = {}
-    groups: Counter[str] = Counter()  # update() adds: a child's work joins its parent's
+@dataclass
+class GraphBound:
+    """One graph run's bounds: its critical path, its path when each compute group also does
+    its ancestors' work first (``shared_path_s``, with a cost model), each group's work."""
+
+    path_s: float
+    shared_path_s: float
+    work: Counter[str]
+
+
+def _graph_bound(graph: GraphTrace, cost_model: CostModel | None, decode_step_s: float | None) -> GraphBound:
+    """The bounds of the graph's isolated durations: an expanded node costs its own time plus
+    its sub-graph's path, and its sub-graph's work joins the graph's. A decode costs at least
+    its tokens at ``decode_step_s``: vLLM runs a stream on while the isolated run times other
+    primitives, so its own wait can be short. The shared path starts a node no earlier than
+    each group's work on its ancestors plus the shortest path from one of them to it."""
+    finish: dict[str, float] = {}  # critical path
+    shared: dict[str, float] = {}  # shared path
+    cost_of: dict[str, float] = {}  # each node's cost on the shared path
+    work: dict[str, Counter[str]] = {}  # each node's (and its expansion's) work per group
+    gaps: dict[str, dict[str, float]] = {}  # node -> its ancestors -> longest path from their end to its start
     for node in graph.nodes:  # topological order
         cost = max(node.measured_s or 0.0, decode_floor_s(node, decode_step_s) if node.op == DECODE else 0.0)
+        shared_cost, mine = cost, Counter[str]()
         if node.expansion is not None:
-            sub_path, sub_groups = _graph_bound(node.expansion, cost_model, decode_step_s)
-            cost += sub_path
-            groups.update(sub_groups)
-        finish[node.name] = cost + max((finish[p] for p in node.preds if p in finish), default=0.0)
+            sub = _graph_bound(node.expansion, cost_model, decode_step_s)
+            cost += sub.path_s
+            shared_cost += sub.shared_path_s
+            mine.update(sub.work)
         if cost_model is not None and node.measured_s is not None:
-            groups[node.group] += _group_work_s(cost_model, node.op, node.engine, node.kind, node.items,
-                                                node.measured_s)
-    return max(finish.values(), default=0.0), groups
+            mine[node.group] += _group_work_s(cost_model, node.op, node.engine, node.kind, node.items,
+                                              node.measured_s)
+        preds = [p for p in node.preds if p in finish]
+        finish[node.name] = cost + max((finish[p] for p in preds), default=0.0)
+        gap: dict[str, float] = {}
+        for p in preds:
+            gap.setdefault(p, 0.0)
+            for u, t in gaps[p].items():
+                gap[u] = max(gap.get(u, 0.0), t + cost_of[p])
+        start = max((shared[p] for p in preds), default=0.0)
+        for group in {g for u in gap for g, w in work[u].items() if w > 0}:
+            # the last of the group's work on the ancestors ends no earlier than all of it would
+            # back to back; then at least the shortest path from one of those ancestors runs
+            done_first = [u for u in gap if work[u][group] > 0]
+            start = max(start, sum(work[u][group] for u in done_first) + min(gap[u] for u in done_first))
+        shared[node.name], cost_of[node.name] = start + shared_cost, shared_cost
+        gaps[node.name], work[node.name] = gap, mine
+    groups = sum(work.values(), Counter[str]())
+    return GraphBound(max(finish.values(), default=0.0), max(shared.values(), default=0.0), groups)
 
 
 def trace_bound(trace: QueryTrace, cost_model: CostModel | None = None) -> dict[str, Any]:
     """The bound of a recorded query: the sum of its top-level graph runs' critical paths
     plus its time outside them; with ``cost_model``, the hardware-aware bound beside it."""
-    paths, groups = 0.0, Counter[str]()
+    paths, shared_paths, groups = 0.0, 0.0, Counter[str]()
     step = recorded_decode_step([trace])  # this query's decodes that were timed whole
     for graph in trace.graphs:
-        path, work = _graph_bound(graph, cost_model, step)
-        paths += path
-        groups.update(work)
+        bound = _graph_bound(graph, cost_model, step)
+        paths += bound.path_s
+        shared_paths += bound.shared_path_s
+        groups.update(bound.work)
     outside = trace.outside_s
     out: dict[str, Any] = {"bound_s": paths + outside, "critical_path_s": paths, "outside_graph_s": outside,
                            "isolated_wall_s": trace.meta.get("wall_s")}
     if cost_model is not None:
         busiest = max(groups.values(), default=0.0)
-        out.update({"hw_bound_s": outside + max(paths, busiest),
+        out.update({"hw_bound_s": outside + max(paths, shared_paths, busiest),
                     "group_work_s": {g: round(w, 4) for g, w in sorted(groups.items())}})
     return out
 

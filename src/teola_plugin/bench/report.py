@@ -48,6 +48,15 @@ def _load(results: dict[str, Any]) -> str:
     return " / ".join(", ".join(f"{x:.1f}" for x in load[k]) for k in ("start", "end") if k in load) or "not recorded"
 
 
+def _recomputed(results: dict[str, Any]) -> list[str]:
+    """The line saying the bounds were recomputed after the run (``--rebound``), if they were."""
+    again = results.get("bounds_recomputed")
+    if not again:
+        return []
+    return [f"* bounds recomputed from the run's recorded traces on {again['date']} by `{again['command']}` "
+            f"({', '.join(again['apps'])}): the measured latencies are the run's"]
+
+
 def _segments(results: dict[str, Any]) -> list[str]:
     """A run interrupted and resumed (``teola bench --resume``) lists its parts."""
     segments = results.get("segments") or []
@@ -275,6 +284,7 @@ def render(results: dict[str, Any], pictures: dict[str, str], source: str = "doc
            + (f"; code {results['code']}" if results.get("code") else ""), *_segments(results),
            f"* load average (1, 5, 15 min) at start / end: {_load(results)} (the run's own engines keep it "
            "near the core count; well above it, other processes competed for the CPUs and latencies are inflated)",
+           *_recomputed(results),
            "", "Systems, all in one run on the same Ray-hosted engines (vLLM, sentence-transformers, chromadb, "
            "reranker, BM25): `plain-sequential` (query / invoke, framework defaults), `plain-concurrent` "
            "(aquery / ainvoke, use_async=True where offered), `teola-nopasses` (Teola primitives, module order "
@@ -287,9 +297,12 @@ def render(results: dict[str, Any], pictures: dict[str, str], source: str = "doc
            "its optimized graph with each primitive costing its own duration measured in isolation (one primitive "
            "at a time), plus the query's time outside any graph; the **hardware-aware bound** adds that engines "
            "of one compute group take turns on the same hardware: the time outside graphs plus the larger of the "
-           "critical path and the busiest group's work (each primitive's isolated duration scaled to its engine's "
-           "best profiled batched throughput; decode, which batches across sequences, only on the critical path); *ideal speedup* = plain-sequential mean / bound "
-           "mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers. "
+           "busiest group's work and the critical path with each primitive starting no earlier than its group's work "
+           "on the primitive's ancestors plus the shortest path from one of them to it (a tree_summarize root waits "
+           "for every leaf prefill on the one LLM engine, then for one leaf's decode); a primitive's work is its "
+           "isolated duration scaled to its engine's best profiled batched throughput, a prefill's at most its "
+           "prompt at that rate, decode, which batches across sequences, only on the paths; *ideal speedup* = "
+           "plain-sequential mean / bound mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers. "
            "Every run starts with vLLM's prefix cache emptied, so no system profits from another's prompts.",
            "", "Reading the bound: framework code outside Teola's graphs (e.g. `from_documents` ingestion while it "
            "is not yet traced, tracing itself) counts in full, as no scheduler can overlap it; a pipelined "

@@ -351,6 +351,23 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
+def summarize_bounds(app: dict[str, Any], bounds: list[dict[str, Any]]) -> None:
+    """Set ``app``'s bound rows and what the page judges by them (its ``systems`` summarized)."""
+    good = [b for b in bounds if "bound_s" in b]
+    app["bounds"] = bounds
+    app["bound_mean_s"] = _mean([b["bound_s"] for b in good])
+    app["hw_bound_mean_s"] = _mean([b["hw_bound_s"] for b in good if "hw_bound_s" in b])
+    full, seq = app["systems"].get(TEOLA_FULL.name, {}), app["systems"].get(PLAIN_SEQUENTIAL.name, {})
+    if app["bound_mean_s"] and full.get("mean_s") and seq.get("mean_s"):
+        app["teola_over_bound"] = round(full["mean_s"] / app["bound_mean_s"], 3)
+        if app["hw_bound_mean_s"]:
+            app["teola_over_hw_bound"] = round(full["mean_s"] / app["hw_bound_mean_s"], 3)
+        app["ideal_speedup"] = round(seq["mean_s"] / app["bound_mean_s"], 3)
+        app["achieved_speedup"] = round(seq["mean_s"] / full["mean_s"], 3)
+        app["share_of_ideal"] = round((app["achieved_speedup"] - 1) / (app["ideal_speedup"] - 1), 3) \
+            if app["ideal_speedup"] > 1.0 else None
+
+
 def summarize_app(app: BenchApp, systems: list[System], runs: list[dict[str, Any]],
                   bounds: list[dict[str, Any]], setup_s: float) -> dict[str, Any]:
     ok = [r for r in runs if "latency_s" in r]
@@ -373,19 +390,7 @@ def summarize_app(app: BenchApp, systems: list[System], runs: list[dict[str, Any
     plain_runs = [r for r in ok if r["system"] == PLAIN_SEQUENTIAL.name and "llm_s" in r]
     if plain_runs:
         out["plain_outside_llm_share"] = _mean([max(0.0, 1 - r["llm_s"] / r["latency_s"]) for r in plain_runs])
-    good = [b for b in bounds if "bound_s" in b]
-    out["bounds"] = bounds
-    out["bound_mean_s"] = _mean([b["bound_s"] for b in good])
-    out["hw_bound_mean_s"] = _mean([b["hw_bound_s"] for b in good if "hw_bound_s" in b])
-    full, seq = out["systems"].get(TEOLA_FULL.name, {}), out["systems"].get(PLAIN_SEQUENTIAL.name, {})
-    if out["bound_mean_s"] and full.get("mean_s") and seq.get("mean_s"):
-        out["teola_over_bound"] = round(full["mean_s"] / out["bound_mean_s"], 3)
-        if out["hw_bound_mean_s"]:
-            out["teola_over_hw_bound"] = round(full["mean_s"] / out["hw_bound_mean_s"], 3)
-        out["ideal_speedup"] = round(seq["mean_s"] / out["bound_mean_s"], 3)
-        out["achieved_speedup"] = round(seq["mean_s"] / full["mean_s"], 3)
-        out["share_of_ideal"] = round((out["achieved_speedup"] - 1) / (out["ideal_speedup"] - 1), 3) \
-            if out["ideal_speedup"] > 1.0 else None
+    summarize_bounds(out, bounds)
     app_plain, app_teola = out["systems"].get(PLAIN_APP.name, {}), out["systems"].get(TEOLA_APP.name, {})
     if app_plain.get("mean_s") and app_teola.get("mean_s"):  # the headline: the app as users write it
         out["app_speedup"] = round(app_plain["mean_s"] / app_teola["mean_s"], 3)
