@@ -141,6 +141,24 @@ def test_a_bound_teola_beats_by_far_is_not_judged():
     assert [line.endswith(": MISSED.") for line in lines(1.5)[:2]] == [True, True]
 
 
+def test_a_missed_bound_target_shows_the_ratio_question_by_question():
+    """The target is on means; under a miss the line adds each question's own ratio, so a
+    mean carried by one slow run reads differently from a gap on every question."""
+    def hw_line(latencies: list[float]) -> str:
+        runs = [{"system": "teola-full", "query": f"q{i}", "latency_s": s} for i, s in enumerate(latencies)]
+        bounds = [{"query": f"q{i}", "bound_s": 1.0, "hw_bound_s": 1.0} for i in range(len(latencies))]
+        over = sum(latencies) / len(latencies)
+        app = {"systems": {"teola-full": {"mean_s": over}}, "teola_over_hw_bound": over, "runs": runs,
+               "bounds": bounds + [{"query": "lost", "error": "Boom"}]}
+        return report.targets({"apps": {"x": app}})[0]
+
+    outlier = hw_line([1.0, 1.05, 1.02, 2.5])  # mean 1.39, one slow run
+    assert "MISSED. Question by question: median 1.04, from 1.00 to 2.50 (within the target" in outlier
+    everywhere = hw_line([1.3, 1.35, 1.4])
+    assert everywhere.endswith("MISSED. Question by question: median 1.35, from 1.30 to 1.40.")
+    assert hw_line([1.0, 1.05]).endswith(": met.")  # nothing added when met
+
+
 def test_the_parallel_apps_target_says_when_the_bound_leaves_less_than_it():
     """1.3x over plain-app is judged where the bound allows it; below, the line says it is out of
     reach (with the bound's figure) but still holds teola-app to at least plain-app's speed."""

@@ -487,6 +487,8 @@ def test_unsupported_objects_and_bad_config_fail_clearly(executor):
         executor.retrieve(object(), "q")
     with pytest.raises(TypeError, match="cannot trace"):
         executor.trace(42)
+    with pytest.raises(TypeError, match=r"chat engines .* executor\.explain\(obj\) says where their calls go"):
+        executor.traced(object())  # what a chat engine or an agent meets: where to look instead
     with pytest.raises(ConfigError, match="unknown optimizer pass 'no_such_pass'"):
         TeolaExecutor(passes=["no_such_pass"])
     with pytest.raises(ConfigError, match="timeout_s"):

@@ -426,7 +426,10 @@ SUPPORTED = ("LlamaIndex query engines (BaseQueryEngine: RetrieverQueryEngine, S
              "RouterQueryEngine are lowered to primitives, others run as one opaque step whose own query "
              "engine and retriever calls are still Teola's) and retrievers (BaseRetriever: "
              "VectorIndexRetriever, QueryFusionRetriever, BM25Retriever, SummaryIndexRetriever and "
-             "AutoMergingRetriever are lowered); chat engines (BaseChatEngine) through executor.chat / achat / stream_chat / astream_chat")
+             "AutoMergingRetriever are lowered); chat engines (BaseChatEngine) through executor.chat / achat / "
+             "stream_chat / astream_chat, and workflows and agents through their own run(), each run as its own "
+             "code with its calls on Teola (no graph of their own to trace: executor.explain(obj) says where "
+             "their calls go)")
 
 
 def trace(target: Any, ctx: TraceContext) -> TracedApp:
