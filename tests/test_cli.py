@@ -203,6 +203,9 @@ def test_bench_guards_an_unfinished_run_and_resumes_only_as_it_started(tmp_path,
     assert proc.returncode == 2 and "--report-only" in proc.stderr
     proc = teola_here(capsys, "bench", "--rebound", "--out", str(tmp_path))  # it recomputes a finished run's
     assert proc.returncode == 2 and "--rebound" in proc.stderr and "--report-only" in proc.stderr
+    (tmp_path / "results.json").write_text(json.dumps({"apps": {}}))  # a run without its traces
+    proc = teola_here(capsys, "bench", "--report-only", "--rebound", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "traces.json" in proc.stderr and "--no-bound" in proc.stderr
     data = json.loads(ckpt.read_text())
     live = {"started": "now", "open": True, "pid": os.getpid(), "host": __import__("socket").gethostname()}
     ckpt.write_text(json.dumps({**data, "segments": [live]}))  # this test process stands for a running run

@@ -35,7 +35,12 @@ def _bench(args: argparse.Namespace) -> int:
         if args.rebound:
             from .bench.rebound import rebound
 
-            traces = json.loads((out / "traces.json").read_text())["apps"]
+            try:
+                traces = json.loads((out / "traces.json").read_text())["apps"]
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"teola bench: --rebound reads the run's query traces, {out / 'traces.json'}: {exc!r} (a run "
+                      "writes them with its bound runs, not under --no-bound)", file=sys.stderr)
+                return 2
             done = rebound(results, traces, "teola " + shlex.join(args.argv))
             print("bounds recomputed from traces.json: " + (", ".join(done) or "no app"))
     else:

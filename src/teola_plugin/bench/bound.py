@@ -24,7 +24,7 @@ isolated duration counts as that group's work, scaled down to the engine's best 
 batched throughput (a batch of 64 embeddings costs less per text than the one call of 8
 this query made). LLM decode adds no group work: its profile is per sequence, and vLLM
 runs concurrent sequences' decode steps together, so its share is unknown and left to
-the critical path (counted unscaled, the bound sat above what Teola achieved on
+the paths (counted unscaled, the bound sat above what Teola achieved on
 tree_summarize, whose parallel decodes batch).
 A group's work also bounds a node's start: everything the group computes for the node's
 ancestors must be done first, and after the last of it finishes at least the shortest path

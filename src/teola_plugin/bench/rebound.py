@@ -35,6 +35,6 @@ def rebound(results: dict[str, Any], traces: Mapping[str, list[Mapping[str, Any]
         summarize_bounds(app, bounds)
         done.append(name)
     if done:
-        results["bounds_recomputed"] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                                        "command": command, "apps": done}
+        now = datetime.datetime.now(datetime.timezone.utc)
+        results["bounds_recomputed"] = {"date": now.strftime("%Y-%m-%d %H:%M UTC"), "command": command, "apps": done}
     return done

@@ -320,7 +320,8 @@ def render(results: dict[str, Any], pictures: dict[str, str], source: str = "doc
            "for every leaf prefill on the one LLM engine, then for one leaf's decode); a primitive's work is its "
            "isolated duration scaled to its engine's best profiled batched throughput, a prefill's at most its "
            "prompt at that rate, decode, which batches across sequences, only on the paths; *ideal speedup* = "
-           "plain-sequential mean / bound mean. Fidelity = share of answers identical to plain-sequential's; EM / F1 against the gold answers. "
+           "plain-sequential mean / bound mean. Fidelity = share of answers identical to plain-sequential's; "
+           "EM / F1 against the gold answers. "
            "Every run starts with vLLM's prefix cache emptied, so no system profits from another's prompts.",
            "", "Reading the bound: framework code outside Teola's graphs (e.g. `from_documents` ingestion while it "
            "is not yet traced, tracing itself) counts in full, as no scheduler can overlap it; a pipelined "
