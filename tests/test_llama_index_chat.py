@@ -5,12 +5,14 @@ on Teola: the retrieval graph, and the synthesizer's LLM calls (``get_response``
 routed to ``TeolaExecutor.answer``). Plain and Teola turns must send the same request bodies,
 answer alike, stream alike and leave the same memory after every turn, through
 ``executor.chat`` / ``achat`` / ``stream_chat`` / ``astream_chat`` and through the engine's
-own methods under ``Settings.executor``.
+own methods under ``Settings.executor``. An agent over a query-engine tool runs as LlamaIndex runs
+it, the tool's query on Teola.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from llama_index.core import Settings
@@ -97,6 +99,55 @@ def test_chat_engine_explain_and_bad_input(squad_index, executor, model_server):
         executor.query(engine, TURNS[0])
     with pytest.raises(TypeError, match="chat takes a BaseChatEngine"):
         executor.chat(squad_index.as_query_engine(llm=llm), TURNS[0])
+
+
+def test_an_agents_query_engine_tool_runs_the_engines_lowered_graph_with_plains_results(recording_proxy, squad_index,
+                                                                                     executor):
+    """A FunctionAgent over a QueryEngineTool, as LlamaIndex's starter writes it: under
+    ``Settings.executor`` the tool's query is the executor's (retrieval and synthesis as a
+    lowered graph on Teola's engines), the agent's turns, tool calls, tool results and sources
+    are plain's, and past ``max_iterations`` it raises plain's error. The model must call the
+    tool every turn (``tool_choice="required"``: vLLM constrains the call, so it is valid by
+    construction)."""
+    from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCallResult
+    from llama_index.core.tools import QueryEngineTool
+    from workflows.errors import WorkflowRuntimeError
+
+    answerer = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=12)
+    caller = openai_like(recording_proxy.base_url, is_chat_model=True, max_tokens=80, is_function_calling_model=True,
+                         additional_kwargs={"tool_choice": "required"})  # room for the constrained JSON
+
+    async def run() -> list:
+        tool = QueryEngineTool.from_defaults(squad_index.as_query_engine(llm=answerer, similarity_top_k=2),
+                                             name="super_bowl", description="Answers questions about Super Bowl 50.")
+        handler = FunctionAgent(tools=[tool], llm=caller, system_prompt="Answer briefly.").run(
+            user_msg=TURNS[0], max_iterations=2)
+        seen: list = []
+        async for event in handler.stream_events():
+            if isinstance(event, ToolCallResult):
+                answer = event.tool_output.raw_output
+                seen.append((event.tool_name, event.tool_kwargs, event.tool_output.content,
+                             [(n.node.node_id, round(n.score, 4)) for n in answer.source_nodes]))
+            elif isinstance(event, AgentOutput):
+                seen.append([call.tool_name for call in event.tool_calls])
+        with pytest.raises(WorkflowRuntimeError, match="Max iterations of 2 reached"):
+            await handler
+        return seen
+
+    plain = asyncio.run(run())
+    sent_plain = recording_proxy.take()
+    Settings.executor = executor
+    before = executor.last_query_id
+    teola = asyncio.run(run())
+    sent_teola = recording_proxy.take()
+    assert teola == plain and [e for e in plain if isinstance(e, tuple)]  # the tool answered, with sources
+    assert len(sent_teola) == len(sent_plain)
+    # the same requests, but for the later turns' tool-call ids, which the server draws at random
+    assert bodies([r for r in sent_teola if "tool_call" not in json.dumps(r)]) == \
+        bodies([r for r in sent_plain if "tool_call" not in json.dumps(r)])
+    assert executor.last_query_id != before
+    ran = {s.op for s in executor.runtime.timeline.spans([executor.last_query_id])}
+    assert {"embed", "vector_search", "llm_prefill", "llm_decode"} <= ran  # the tool's query, lowered
 
 
 def test_explain_of_a_workflow_says_how_it_runs():
