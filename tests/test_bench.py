@@ -151,7 +151,13 @@ def test_rebound_recomputes_a_finished_runs_bounds_from_its_traces_and_says_so()
     assert app["bounds"][1] == {"query": "lost", "error": "Boom"}  # a failed bound run stays as it was
     assert results["bounds_recomputed"]["apps"] == ["summarize"]
     assert "bounds recomputed from the run's recorded traces" in render({**results, "apps": {}}, {})  # the header
-    assert rebound({"apps": {"x": {"bounds": []}}}, {}) == [] and "bounds_recomputed" not in results["apps"]
+    untouched = {"apps": {"x": {"bounds": []}}}
+    assert rebound(untouched, {}) == [] and "bounds_recomputed" not in untouched
+    # a measured bound without its trace: the app keeps the bounds it had
+    partial = {"apps": {"summarize": {"systems": {}, "bound_mean_s": 4.5,
+                                      "bounds": [{"query": "q", "bound_s": 4.5}, {"query": "other", "bound_s": 9.0}]}}}
+    assert rebound(partial, {"summarize": [trace.to_dict()]}) == [] and "bounds_recomputed" not in partial
+    assert partial["apps"]["summarize"]["bound_mean_s"] == 4.5
 
 
 def test_poisson_summary_finds_where_plain_concurrent_saturates():

@@ -37,11 +37,11 @@ def _bench(args: argparse.Namespace) -> int:
 
             try:
                 traces = json.loads((out / "traces.json").read_text())["apps"]
-            except (OSError, ValueError, KeyError) as exc:
+                done = rebound(results, traces, "teola " + shlex.join(args.argv))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
                 print(f"teola bench: --rebound reads the run's query traces, {out / 'traces.json'}: {exc!r} (a run "
                       "writes them with its bound runs, not under --no-bound)", file=sys.stderr)
                 return 2
-            done = rebound(results, traces, "teola " + shlex.join(args.argv))
             print("bounds recomputed from traces.json: " + (", ".join(done) or "no app"))
     else:
         from .bench.apps import APPS

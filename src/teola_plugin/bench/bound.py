@@ -27,8 +27,9 @@ runs concurrent sequences' decode steps together, so its share is unknown and le
 the paths (counted unscaled, the bound sat above what Teola achieved on
 tree_summarize, whose parallel decodes batch).
 A group's work also bounds a node's start: everything the group computes for the node's
-ancestors must be done first, and after the last of it finishes at least the shortest path
-from one of those ancestors to the node must still run (a tree_summarize root waits for
+ancestors must be done first, and after the last of it finishes the path from the ancestor
+that did it to the node must still run: at least the least, over those ancestors, of their
+longest path to the node (a tree_summarize root waits for
 every leaf's prefill on the one LLM engine, then for one leaf's whole decode). A prefill's
 work is at most its prompt at the engine's best profiled rate: timed alone, it also holds
 the decodes vLLM runs on beside it.
@@ -174,7 +175,7 @@ def _graph_bound(graph: GraphTrace, cost_model: CostModel | None, decode_step_s:
     its sub-graph's path, and its sub-graph's work joins the graph's. A decode costs at least
     its tokens at ``decode_step_s``: vLLM runs a stream on while the isolated run times other
     primitives, so its own wait can be short. The shared path starts a node no earlier than
-    each group's work on its ancestors plus the shortest path from one of them to it."""
+    each group's work on its ancestors plus the least, over them, of their longest path to it."""
     finish: dict[str, float] = {}  # critical path
     shared: dict[str, float] = {}  # shared path
     cost_of: dict[str, float] = {}  # each node's cost on the shared path
@@ -201,7 +202,7 @@ def _graph_bound(graph: GraphTrace, cost_model: CostModel | None, decode_step_s:
         start = max((shared[p] for p in preds), default=0.0)
         for group in {g for u in gap for g, w in work[u].items() if w > 0}:
             # the last of the group's work on the ancestors ends no earlier than all of it would
-            # back to back; then at least the shortest path from one of those ancestors runs
+            # back to back; then the path from whichever ancestor did it runs: the least of theirs
             done_first = [u for u in gap if work[u][group] > 0]
             start = max(start, sum(work[u][group] for u in done_first) + min(gap[u] for u in done_first))
         shared[node.name], cost_of[node.name] = start + shared_cost, shared_cost

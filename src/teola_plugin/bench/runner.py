@@ -354,6 +354,8 @@ def _mean(xs: list[float]) -> float | None:
 def summarize_bounds(app: dict[str, Any], bounds: list[dict[str, Any]]) -> None:
     """Set ``app``'s bound rows and what the page judges by them (its ``systems`` summarized)."""
     good = [b for b in bounds if "bound_s" in b]
+    for key in ("teola_over_bound", "teola_over_hw_bound", "ideal_speedup", "achieved_speedup", "share_of_ideal"):
+        app.pop(key, None)  # what the bounds judged before, if they no longer do
     app["bounds"] = bounds
     app["bound_mean_s"] = _mean([b["bound_s"] for b in good])
     app["hw_bound_mean_s"] = _mean([b["hw_bound_s"] for b in good if "hw_bound_s" in b])
