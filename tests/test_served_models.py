@@ -759,6 +759,12 @@ def test_langchain_rag_as_the_docs_write_it_is_lowered_and_answers_alike(embeddi
     other = InMemoryVectorStore(prompted).as_retriever()
     (note,) = TeolaRunnable(other, runtime=runtime)._plan("q").trace.opaque
     assert "encode_kwargs ['prompt']" in note.reason
+    if embeddings_module == "langchain_huggingface":  # the reason names the field the query's kwargs come from
+        query_prompted = importlib.import_module(embeddings_module).HuggingFaceEmbeddings(
+            model_name=str(default_model_path()), query_encode_kwargs={"prompt": "query: "})
+        query_retriever = InMemoryVectorStore(query_prompted).as_retriever()
+        (note,) = TeolaRunnable(query_retriever, runtime=runtime)._plan("q").trace.opaque
+        assert "HuggingFaceEmbeddings query_encode_kwargs ['prompt']" in note.reason
 
 
 def test_retrieval_chain_helpers_are_lowered_and_stream_plains_chunks(recording_proxy, runtime):
@@ -813,6 +819,72 @@ def test_retrieval_chain_helpers_are_lowered_and_stream_plains_chunks(recording_
     for c in chunks[1:]:
         merged = merged + c
     assert merged == {**first, "context": plain["context"], "answer": plain_answer}
+
+
+def test_llm_document_compressors_ask_about_every_document_at_once_with_plains_requests(recording_proxy, runtime):
+    """LangChain's contextual-compression docs: ``LLMChainExtractor`` (one ``invoke`` per
+    document, one after another, in plain) and ``LLMChainFilter`` (``batch``) under a
+    ``ContextualCompressionRetriever``: nothing opaque, every document's chain call expanded
+    at once; the same request bodies, documents, callback runs and (where a call's parse
+    fails) the first document's error, as plain raises it."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+    from langchain_classic.retrievers.document_compressors import LLMChainExtractor, LLMChainFilter
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_huggingface import HuggingFaceEmbeddings
+    from langchain_openai import ChatOpenAI
+
+    from teola_plugin.engines.embedder import default_model_path
+    from teola_plugin.langchain import TeolaRunnable
+
+    class Runs(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.runs: list[tuple] = []
+
+        def on_chain_start(self, serialized, inputs, **kwargs) -> None:
+            self.runs.append(("chain", kwargs.get("name"), tuple(sorted(kwargs.get("tags") or []))))
+
+        def on_chat_model_start(self, serialized, messages, **kwargs) -> None:
+            self.runs.append(("model", tuple(sorted(kwargs.get("tags") or []))))
+
+        def on_retriever_start(self, serialized, query, **kwargs) -> None:
+            self.runs.append(("retriever", kwargs.get("name")))
+
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()))
+    store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:16]], embeddings)
+    wide = store.as_retriever(search_kwargs={"k": 3})
+    recording_proxy.replay = True  # Teola's concurrent calls get plain's replies to the same requests
+    question = QUESTIONS[0]
+
+    def llm(**kwargs) -> ChatOpenAI:
+        return ChatOpenAI(model=SERVED_NAME, base_url=recording_proxy.base_url, api_key="none", temperature=0,
+                          max_tokens=24, **kwargs)
+
+    # the filter's yes / no, valid by construction (vLLM's structured outputs, in both bodies)
+    yes_no = llm(extra_body={"structured_outputs": {"choice": ["YES", "NO"]}})
+    for compressor in (LLMChainExtractor.from_llm(llm()), LLMChainFilter.from_llm(yes_no)):
+        compression = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=wide)
+        fast = TeolaRunnable(compression, runtime=runtime)
+        assert fast._plan(question).trace.opaque == []
+        recording_proxy.take()
+        plain_runs, runs = Runs(), Runs()
+        plain = compression.invoke(question, config={"callbacks": [plain_runs]})
+        sent = recording_proxy.take()
+        assert len(sent) == 3  # one call per retrieved document
+        got = fast.invoke(question, config={"callbacks": [runs]})
+        assert bodies(recording_proxy.take()) == bodies(sent)
+        assert got == plain
+        assert sorted(runs.runs) == sorted(plain_runs.runs)
+        assert asyncio.run(fast.ainvoke(question)) == asyncio.run(compression.ainvoke(question))
+
+    # a parse that fails: the first document's error, with plain's message
+    strict = LLMChainFilter.from_llm(llm())  # free text: BooleanOutputParser wants YES / NO
+    compression = ContextualCompressionRetriever(base_compressor=strict, base_retriever=wide)
+    with pytest.raises(ValueError) as plain_error:
+        compression.invoke(question)
+    with pytest.raises(ValueError) as error:
+        TeolaRunnable(compression, runtime=runtime).invoke(question)
+    assert str(error.value) == str(plain_error.value)
 
 
 def test_astream_events_reports_each_lowered_calls_tokens_as_plain(recording_proxy, runtime):

@@ -91,18 +91,19 @@ def newlines_to_spaces(text: str) -> str:
 PLAIN_ENCODE_KWARGS = frozenset({"normalize_embeddings", "batch_size", "show_progress_bar"})  # vectors unchanged
 
 
-def huggingface_embeddings_serving(specs: Mapping[str, Any], embeddings: Any,
-                                   encode_kwargs: Mapping[str, Any]) -> tuple[str | None, str]:
+def huggingface_embeddings_serving(specs: Mapping[str, Any], embeddings: Any, encode_kwargs: Mapping[str, Any],
+                                   field: str = "encode_kwargs") -> tuple[str | None, str]:
     """(engine name, "") when the embedder engine computes what LangChain's
     ``HuggingFaceEmbeddings`` computes with ``encode_kwargs`` (its ``encode_kwargs``, or
-    ``query_encode_kwargs`` for a query), else (None, why). The lowered retriever rule and
-    the calls of code run as it is (``served_calls/embedding_calls.py``) both ask here."""
+    ``query_encode_kwargs`` for a query: ``field`` names which, for the reason), else (None,
+    why). The lowered retriever rule and the calls of code run as it is
+    (``served_calls/embedding_calls.py``) both ask here."""
     name = type(embeddings).__name__
     if embeddings.multi_process:
         return None, f"{name}(multi_process=True)"
     extra = sorted(set(encode_kwargs) - PLAIN_ENCODE_KWARGS)
     if extra:
-        return None, f"{name} encode_kwargs {extra} change how it encodes"
+        return None, f"{name} {field} {extra} change how it encodes"
     if set(embeddings.model_kwargs) - {"device"} or str(embeddings.model_kwargs.get("device", "cpu")) != "cpu":
         return None, f"{name} model_kwargs {sorted(embeddings.model_kwargs)} load it unlike the engine"
     client = getattr(embeddings, "_client", None) or getattr(embeddings, "client", None)

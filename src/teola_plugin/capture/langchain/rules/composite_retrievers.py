@@ -18,9 +18,10 @@ unchanged); what combines them runs by the composite's own code, so results are 
 * ``ContextualCompressionRetriever``: the base retriever is lowered; a ``TeolaReranker``
   compressor becomes hits -> ``rerank`` (on its engine) -> documents (``documents.py``,
   the same conversion the compressor uses when called directly); an ``EmbeddingsFilter``
-  embeds on the embedder engine (``embeddings_filter.py``); any other compressor
-  (``CrossEncoderReranker``, LLM extractors, ...) runs its own ``compress_documents``
-  unchanged as one opaque primitive.
+  embeds on the embedder engine (``embeddings_filter.py``); ``LLMChainExtractor`` /
+  ``LLMChainFilter`` ask their chain about every document at once (``llm_compressors.py``);
+  any other compressor (``CrossEncoderReranker``, ``LLMListwiseRerank``, ...) runs its own
+  ``compress_documents`` unchanged as one opaque primitive.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ...overrides import overridden
 from ..values import Kind, Record, Traced, Value
 from .callbacks import retriever_reporters
 from .embeddings_filter import is_embeddings_filter, lower_embeddings_filter
+from .llm_compressors import is_llm_compressor, lower_llm_compressor
 from .retrievers import BY_VECTOR, check_vector_retriever, reported_search, search_lists
 
 
@@ -203,10 +205,12 @@ def lower_compression(t: LangChainTracer, retriever: Any, value: Value) -> Value
         back = t.add(Op.OPAQUE, name="to_documents", inputs={"docs": docs, "hits": rerank.out()},
                      outputs=[OUT], origin=origin, attrs={"fn": _async(hits_to_documents), "pure": True})
         return Traced(back.out(OUT), Kind.DOCUMENTS)
-    if is_embeddings_filter(compressor):
-        filtered = lower_embeddings_filter(t, compressor, docs, query)
-        if filtered is not None:
-            return Traced(filtered, Kind.DOCUMENTS)
+    for recognised, lower in ((is_embeddings_filter, lower_embeddings_filter),
+                              (is_llm_compressor, lower_llm_compressor)):
+        if recognised(compressor):
+            compressed = lower(t, compressor, docs, query)
+            if compressed is not None:
+                return Traced(compressed, Kind.DOCUMENTS)
     compress, acompress = compressor.compress_documents, compressor.acompress_documents
 
     async def compress_unchanged(docs: Any, query: Any) -> Any:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.runnables import RunnableBranch
@@ -47,23 +48,38 @@ from ..values import Traced, Value
 RESULT = "output"  # the output of a sub-plan graph
 
 
-def _run_sub_plan(plan: SubPlan):
+@dataclass(frozen=True)
+class Failed:
+    """An element whose sub-graph raised, kept as its output (``expand_each(failures_as_values=True)``)."""
+
+    error: Exception
+
+
+def _failed(exc: Exception) -> dict[str, Any]:
+    return {RESULT: Failed(exc)}
+
+
+def _run_sub_plan(plan: SubPlan, failures_as_values: bool = False):
     async def run_element() -> Expansion:
-        return Expansion(plan.graph, plan.inputs, observer=plan.observer)
+        return Expansion(plan.graph, plan.inputs, observer=plan.observer,
+                         recover=(Exception, _failed) if failures_as_values else None)
 
     return run_element
 
 
-async def expand_each(planner: SubPlanner, bound: Any, elements: list[Any], origin: str) -> Expansion:
+async def expand_each(planner: SubPlanner, bound: Any, elements: list[Any], origin: str, *,
+                      failures_as_values: bool = False) -> Expansion:
     """One opaque node per element, each expanding into the element's own sub-graph (its
     own callback run, a child of the ``RunnableEach``'s, as ``bound.batch`` reports it); a
-    ``list`` aggregate collects the outputs in element order."""
+    ``list`` aggregate collects the outputs in element order. ``failures_as_values``: an
+    element that raises gives a :class:`Failed` and the others run on (for a caller that
+    raises the first failure in element order, as plain's loop or ``batch`` does)."""
     graph = PGraph(f"{origin}_each")
     plans = await asyncio.gather(*(planner.sub_plan(bound, x) for x in elements))
     outs = {}
     for i, plan in enumerate(plans):
         node = graph.add(Op.OPAQUE, name=f"element_{i}", outputs=[RESULT], origin=origin,
-                         attrs={"fn": _run_sub_plan(plan), "pure": True})
+                         attrs={"fn": _run_sub_plan(plan, failures_as_values), "pure": True})
         outs[f"in{i}"] = node.out(RESULT)
     collect = graph.add(Op.AGGREGATE, name="elements", inputs=outs, attrs={"mode": "list"}, origin=origin)
     graph.output(OUT, collect.out())

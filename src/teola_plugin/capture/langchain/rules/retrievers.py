@@ -88,8 +88,9 @@ def huggingface_call(t: LangChainTracer, embeddings: Any) -> EmbeddingCall:
     """``HuggingFaceEmbeddings.embed_query``: newlines to spaces, then its sentence-transformers
     client's ``encode`` with ``query_encode_kwargs`` (if any; langchain-huggingface) or
     ``encode_kwargs``."""
-    encode_kwargs = getattr(embeddings, "query_encode_kwargs", None) or embeddings.encode_kwargs
-    engine, why = huggingface_embeddings_serving(t.planner.engine_specs(), embeddings, encode_kwargs)
+    field = "query_encode_kwargs" if getattr(embeddings, "query_encode_kwargs", None) else "encode_kwargs"
+    engine, why = huggingface_embeddings_serving(t.planner.engine_specs(), embeddings, getattr(embeddings, field),
+                                                 field)
     if engine is None:
         raise NotLowerable(why)
     return EmbeddingCall(engine, newlines_to_spaces)
