@@ -251,6 +251,46 @@ def test_a_lowered_query_engine_reports_plains_query_callback_event(runtime, ind
     assert len(plain) == 1 and plain[0][0] == QUESTIONS[0]
 
 
+def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain(runtime, index, llm, executor):
+    """A postprocessor that leaves no node: plain's ``synthesize`` answers "Empty Response"
+    before it opens its ``SYNTHESIZE`` callback event (the dispatcher's start / end events
+    still fire); the lowered query reports the same events."""
+    from collections import Counter
+
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.postprocessor import SimilarityPostprocessor
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    class Names(BaseEventHandler):
+        names: list = []
+
+        def handle(self, event, **kwargs) -> None:
+            self.names.append(event.class_name())
+
+    debug, names = LlamaDebugHandler(), Names()
+    get_dispatcher().add_event_handler(names)
+    query_engine = RetrieverQueryEngine.from_args(
+        index.as_retriever(similarity_top_k=2), llm=llm, callback_manager=CallbackManager([debug]),
+        node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=1.01)])
+
+    def events(call) -> tuple[Counter, list[str]]:
+        debug.flush_event_logs()
+        names.names.clear()
+        answer = str(call())
+        return Counter(e.event_type.value for e in debug.get_events()), sorted(
+            n for n in names.names if n.startswith(("Synthesize", "Query", "Retrieval"))), answer
+
+    try:
+        plain = events(lambda: query_engine.query(QUESTIONS[0]))
+        assert executor.traced(query_engine).opaque == []
+        assert events(lambda: executor.query(query_engine, QUESTIONS[0])) == plain
+    finally:
+        get_dispatcher().event_handlers.remove(names)
+    assert plain[2] == "Empty Response" and "synthesize" not in plain[0] and "SynthesizeStartEvent" in plain[1]
+
+
 def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
     retriever = index.as_retriever(similarity_top_k=3)

@@ -13,7 +13,8 @@ sub-queries at the same time.
 from __future__ import annotations
 
 import pytest
-from llama_index.core import Document, VectorStoreIndex
+from llama_index.core import Document, Settings, VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
 from llama_index.core.query_engine import CustomQueryEngine, SubQuestionQueryEngine
 from llama_index.core.question_gen import LLMQuestionGenerator
 from llama_index.core.question_gen.types import BaseQuestionGenerator, SubQuestion
@@ -61,20 +62,40 @@ def answer_texts(response) -> list[str]:
 
 
 def test_sub_question_engine_is_lowered_and_answers_as_plain(recording_proxy, indexes, executor):
+    """... and reports plain's callback events: the engine's docs read each sub-question's
+    answer from ``LlamaDebugHandler.get_event_pairs(CBEventType.SUB_QUESTION)``; the tools'
+    and the final synthesis' ``SYNTHESIZE`` events too."""
     llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=16)
-    engine = SubQuestionQueryEngine.from_defaults(
-        query_engine_tools=tools_of(indexes, llm), llm=llm, use_async=False, verbose=False,
-        question_gen=question_gen(recording_proxy.base_url, list(indexes)))
+    debug = LlamaDebugHandler()
+    previous, Settings.callback_manager = Settings._callback_manager, CallbackManager([debug])  # as the docs set it
+    try:
+        engine = SubQuestionQueryEngine.from_defaults(
+            query_engine_tools=tools_of(indexes, llm), llm=llm, use_async=False, verbose=False,
+            question_gen=question_gen(recording_proxy.base_url, list(indexes)))
+    finally:
+        Settings._callback_manager = previous
     app = executor.traced(engine)
     assert app.opaque == [], [str(n) for n in app.opaque]
     explained = executor.explain(engine)
     assert "one sub-graph per generated sub-question" in explained and "tool football/" in explained
 
+    def sub_answers() -> tuple[list[tuple[str, str, list[str]]], int]:
+        pairs = [end.payload[EventPayload.SUB_QUESTION] for _, end in debug.get_event_pairs(CBEventType.SUB_QUESTION)]
+        answers = sorted((p.sub_q.sub_question, p.answer, [n.node.node_id for n in p.sources]) for p in pairs)
+        synthesized = len(debug.get_event_pairs(CBEventType.SYNTHESIZE))
+        debug.flush_event_logs()
+        return answers, synthesized
+
+    debug.flush_event_logs()
     plain = engine.query(QUESTION)
     sent_plain = recording_proxy.take()
+    plain_events = sub_answers()
     recording_proxy.replay = True  # Teola overlaps the sub-answers: same requests, plain's replies
     teola = executor.query(engine, QUESTION)
     sent_teola = recording_proxy.take()
+    assert sub_answers() == plain_events and len(plain_events[0]) == 2
+    assert all(q in SUB_QUESTIONS and answer for q, answer, _ in plain_events[0])
+    assert plain_events[1] == 3  # each tool's answer and the final one
     assert type(teola) is type(plain) and str(teola) == str(plain) and str(plain)
     # 2 answer nodes ("Sub question: ...\nResponse: ...") then each sub-query's sources
     assert answer_texts(teola) == answer_texts(plain) and answer_texts(plain)[0].startswith("Sub question: ")

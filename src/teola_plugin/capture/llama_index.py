@@ -318,7 +318,7 @@ class LlamaIndexTracer:
     def lower_synthesizer(self, synthesizer: Any, nodes: Ref) -> Ref | None:
         # Lowered, its primitives report its ``synthesize`` span, with its events.
         with self.spans.span(synthesizer, "synthesize", args=lambda v: {"query": v(self.query), "nodes": v(nodes)},
-                             events=synthesize_events(synthesizer, self.query)) as span:
+                             events=synthesize_events(synthesizer, self.query, lambda v: v(nodes))) as span:
             lowered, reason = self._by_rule(SYNTHESIZER_RULES, synthesizer, "response synthesizer", nodes)
             _returns(lowered if lowered is not _DECLINED else None, span)
         if lowered is not _DECLINED:

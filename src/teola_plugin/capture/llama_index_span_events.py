@@ -64,11 +64,15 @@ class ComponentEvents:
     result_key: EventPayload
     start_event: Callable[[Any], Any] | None = None  # query -> event
     end_event: Callable[[Any, Any], Any] | None = None  # query, result -> event
+    # whether the method opens its callback event on this run (None: always)
+    opens_callback: Callable[[Callable[[Ref], Any]], bool] | None = None
 
     def start(self, values: Callable[[Ref], Any]) -> Any:
         query = values(self.query)
         if self.dispatcher is not None:
             self.dispatcher.event(self.start_event(query))
+        if self.opens_callback is not None and not self.opens_callback(values):
+            return None
         return self._callback().start({EventPayload.QUERY_STR: query.query_str})
 
     def end(self, event_id: Any, result: Any, values: Callable[[Ref], Any]) -> None:
@@ -96,12 +100,17 @@ def callback_event(component: Any, query: Ref, event_type: CBEventType, result_k
     return ComponentEvents(component, query, None, event_type, result_key)
 
 
-def synthesize_events(synthesizer: Any, query: Ref) -> ComponentEvents:
+def synthesize_events(synthesizer: Any, query: Ref, nodes: Callable[[Callable[[Ref], Any]], Any]) -> ComponentEvents:
     """``BaseSynthesizer.synthesize``'s: ``SynthesizeStartEvent``, ``SYNTHESIZE`` (-> response),
-    ``SynthesizeEndEvent``."""
+    ``SynthesizeEndEvent``; with no ``nodes`` (the run's nodes from its values) it answers
+    before it opens ``SYNTHESIZE``, so only the two dispatcher events fire."""
+    def has_nodes(values: Callable[[Ref], Any]) -> bool:
+        given = nodes(values)
+        return given is None or len(given) > 0  # not known yet: as if some
+
     return ComponentEvents(synthesizer, query, synthesizer_base.dispatcher, CBEventType.SYNTHESIZE,
                            EventPayload.RESPONSE, lambda q: SynthesizeStartEvent(query=q),
-                           lambda q, response: SynthesizeEndEvent(query=q, response=response))
+                           lambda q, response: SynthesizeEndEvent(query=q, response=response), has_nodes)
 
 
 def reports_query_event(engine: Any) -> bool:

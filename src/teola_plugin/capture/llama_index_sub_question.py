@@ -15,8 +15,11 @@ gives. A sub-query that raises (an unknown tool name included) is logged and lef
 ``_query_subq`` does. Sub-queries run concurrently whether
 or not the engine was built with ``use_async`` (they are independent; ``use_async`` only
 changes how LlamaIndex awaits them), so their embeddings, searches and LLM calls share the
-engines' batches. The sub-question callback events are not emitted (the lowered parts emit no
-LlamaIndex events, as for a lowered query engine); ``verbose`` prints the same lines.
+engines' batches. Each sub-query reports ``_query_subq``'s ``SUB_QUESTION`` callback event
+(the question, then its answer pair with sources; a failure's exception), around the tool's
+own query events and spans, and the final synthesis its ``synthesize`` span with its events,
+so ``LlamaDebugHandler.get_event_pairs(CBEventType.SUB_QUESTION)`` (the engine's docs read
+the answers that way) gives plain's pairs; ``verbose`` prints the same lines.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.query_engine import sub_question_query_engine
 from llama_index.core.query_engine.sub_question_query_engine import SubQuestionAnswerPair, SubQuestionQueryEngine
 from llama_index.core.question_gen.llm_generators import LLMQuestionGenerator
@@ -37,6 +41,7 @@ from .llama_index import QUERY_ENGINE_RULES, LlamaIndexTracer, NotLowerable, low
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import synthesis_planner
 from .llama_index_predict import PredictAndParse
+from .llama_index_span_events import CallbackEvent, synthesize_events
 from .llama_index_synthesis import SynthesisPlanner
 from .llama_index_tools import EngineGraphs, run_all
 
@@ -59,13 +64,25 @@ def lower_sub_question_engine(tr: LlamaIndexTracer, engine: SubQuestionQueryEngi
     tr.note(answers.node, engine, "expands",
             f"expands at run time into one sub-graph per generated sub-question (tools: {', '.join(tools.apps)}), "
             "run concurrently")
-    collect = Collect(engine, planner)
-    response = tr.cpu_step("synthesize", collect, {"query": tr.query, "answers": answers}, origin, pure=False)
-    if planner is not None:
-        tr.note(response.node, synthesizer, "expands", planner.describe())
-    else:
+    answered = tr.cpu_step("answer_nodes", AnswerNodes(engine), {"answers": answers}, origin, pure=False)
+    if planner is None:  # the synthesizer's own synthesize (its own span and events)
+        response = tr.cpu_step("synthesize", Collect(engine, None), {"query": tr.query, "answered": answered},
+                               origin, pure=False)
         tr.note(response.node, synthesizer, "opaque", why)
+        return {"response": response}
+    with tr.spans.span(synthesizer, "synthesize", events=synthesize_events(synthesizer, tr.query,
+                                                                           lambda v: _nodes(v(answered))),
+                       args=lambda v: {"query": v(tr.query), "nodes": _nodes(v(answered))}) as span:
+        response = tr.cpu_step("synthesize", Collect(engine, planner), {"query": tr.query, "answered": answered},
+                               origin, pure=False)
+        if span is not None:
+            span.result = response
+    tr.note(response.node, synthesizer, "expands", planner.describe())
     return {"response": response}
+
+
+def _nodes(answered: Answered | None) -> list[Any] | None:
+    return None if answered is None else answered.nodes
 
 
 def _question_generation(tr: LlamaIndexTracer, engine: SubQuestionQueryEngine, origin: str) -> Ref:
@@ -117,16 +134,27 @@ class SubQueries:
                        list, type(self.engine).__name__)
 
     def sub_query(self, sub_q: Any) -> Any:
+        """The sub-question's query in ``_query_subq``'s ``SUB_QUESTION`` callback event (the
+        question -> its answer pair, or the failure)."""
+        event = CallbackEvent(self.engine.callback_manager, CBEventType.SUB_QUESTION)
+        event_id = event.start({EventPayload.SUB_QUESTION: SubQuestionAnswerPair(sub_q=sub_q)})
         if sub_q.tool_name not in self.tools:  # _query_subq's KeyError: logged, left out
-            _log_failure(sub_q, KeyError(sub_q.tool_name))
+            failure = KeyError(sub_q.tool_name)
+            event.failed(event_id, failure)
+            _log_failure(sub_q, failure)
             return SubAnswer(sub_q, None, asked=False)
 
+        def answered(response: Any) -> SubAnswer:
+            pair = SubQuestionAnswerPair(sub_q=sub_q, answer=str(response), sources=response.source_nodes)
+            event.end(event_id, {EventPayload.SUB_QUESTION: pair})
+            return SubAnswer(sub_q, response, asked=True)
+
         def failed(exc: Exception) -> dict[str, Any]:
+            event.failed(event_id, exc)
             _log_failure(sub_q, exc)
             return {"out": SubAnswer(sub_q, None, asked=True)}
 
-        return self.tools.query(sub_q.tool_name, QueryBundle(sub_q.sub_question),
-                                then=lambda response: SubAnswer(sub_q, response, asked=True),
+        return self.tools.query(sub_q.tool_name, QueryBundle(sub_q.sub_question), then=answered,
                                 recover=(Exception, failed))
 
 
@@ -136,15 +164,23 @@ def _log_failure(sub_q: Any, exc: Exception) -> None:
                                              exc_info=exc)
 
 
-class Collect:
-    """The engine's own tail of ``_query``: answer pairs -> nodes and sources -> synthesis."""
+@dataclass(frozen=True)
+class Answered:
+    """The answered sub-questions as the synthesizer gets them: one node per answer pair
+    (``_construct_node``) and the sub-queries' own sources."""
 
-    def __init__(self, engine: SubQuestionQueryEngine, planner: SynthesisPlanner | None) -> None:
+    nodes: list[Any]
+    source_nodes: list[Any]
+
+
+class AnswerNodes:
+    """The engine's own tail of ``_query`` before synthesis: verbose lines, answer pairs -> nodes."""
+
+    def __init__(self, engine: SubQuestionQueryEngine) -> None:
         self.engine = engine
-        self.planner = planner
-        self.__qualname__ = "synthesize[SubQuestionQueryEngine]"
+        self.__qualname__ = "answer_nodes[SubQuestionQueryEngine]"
 
-    def __call__(self, query: QueryBundle, answers: list[SubAnswer]) -> Any:
+    def __call__(self, answers: list[SubAnswer]) -> Answered:
         engine = self.engine
         if engine._verbose:
             print_text(f"Generated {len(answers)} sub questions.\n")
@@ -166,11 +202,23 @@ class Collect:
             if engine._verbose:
                 print_text(f"[{sub_q.tool_name}] A: {text}\n", color=colors[str(i)])
             qa_pairs.append(SubQuestionAnswerPair(sub_q=sub_q, answer=text, sources=answer.response.source_nodes))
-        nodes = [engine._construct_node(pair) for pair in qa_pairs]
-        source_nodes = [node for pair in qa_pairs for node in pair.sources]
+        return Answered([engine._construct_node(pair) for pair in qa_pairs],
+                        [node for pair in qa_pairs for node in pair.sources])
+
+
+class Collect:
+    """The synthesis over the answer nodes: the planner's expansion, or (``planner`` None) the
+    synthesizer's own ``synthesize``."""
+
+    def __init__(self, engine: SubQuestionQueryEngine, planner: SynthesisPlanner | None) -> None:
+        self.engine = engine
+        self.planner = planner
+        self.__qualname__ = "synthesize[SubQuestionQueryEngine]"
+
+    def __call__(self, query: QueryBundle, answered: Answered) -> Any:
         if self.planner is None:
-            return engine._response_synthesizer.synthesize(query=query, nodes=nodes,
-                                                           additional_source_nodes=source_nodes)
-        if not nodes:
-            return self.planner(query, nodes)
-        return self.planner.expansion(query, nodes, source_nodes)
+            return self.engine._response_synthesizer.synthesize(query=query, nodes=answered.nodes,
+                                                                additional_source_nodes=answered.source_nodes)
+        if not answered.nodes:
+            return self.planner(query, answered.nodes)
+        return self.planner.expansion(query, answered.nodes, answered.source_nodes)
