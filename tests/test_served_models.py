@@ -1657,6 +1657,53 @@ def test_nested_engines_and_streamed_answers_report_plains_spans_and_events(reco
     assert seen["plain citation"][3].count("retrieve") == 4  # its own RETRIEVE around the retriever's
 
 
+def test_fusion_retrievals_and_llm_rerank_calls_report_plains_events_and_spans(recording_proxy, squad_index,
+                                                                                executor):
+    """Each generated query a ``QueryFusionRetriever`` retrieves reports its retriever's
+    ``retrieve`` / ``_retrieve`` spans, ``RetrievalStart`` / ``End`` events and ``RETRIEVE``
+    callback event (LlamaDebugHandler counts one per query and retriever, as plain); each
+    ``LLMRerank`` batch call its ``predict`` and the model's ``chat`` spans. Concurrent calls
+    may nest their embeddings elsewhere: the spans and events are compared by name."""
+    from collections import Counter
+
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+    from llama_index.core.postprocessor import LLMRerank
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import QueryFusionRetriever, VectorIndexRetriever
+
+    debug = LlamaDebugHandler(print_trace_on_end=False)
+    callbacks = CallbackManager([debug])
+    llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=24,
+                      callback_manager=callbacks)
+    fusion = QueryFusionRetriever([VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks)],
+                                  llm=llm, num_queries=3, use_async=False, callback_manager=callbacks)
+    reranked = RetrieverQueryEngine(
+        VectorIndexRetriever(squad_index, similarity_top_k=4, callback_manager=callbacks),
+        get_response_synthesizer(llm=llm, callback_manager=callbacks),
+        node_postprocessors=[LLMRerank(llm=llm, top_n=2, choice_batch_size=2)], callback_manager=callbacks)
+    plain_gets_teolas_replies(recording_proxy)
+    seen = {}
+    with SpanTree() as tree:
+        for kind, plain_call, teola_call in (
+                ("fusion", lambda: fusion.retrieve(QUESTIONS[0]), lambda: executor.retrieve(fusion, QUESTIONS[0])),
+                ("rerank", lambda: reranked.query(QUESTIONS[0]), lambda: executor.query(reranked, QUESTIONS[0]))):
+            for name, call in (("teola", teola_call), ("plain", plain_call)):
+                debug.flush_event_logs()
+                tree.take()
+                result = call()
+                spans, events = tree.take()
+                seen[f"{name} {kind}"] = (
+                    str(result) if kind == "rerank" else [n.node.node_id for n in result],
+                    Counter(s[1] for s in spans if s[0] == "open"), Counter(e[0] for e in events),
+                    Counter(e.event_type.value for e in debug.get_events()))
+    for kind in ("fusion", "rerank"):
+        assert seen["teola " + kind] == seen["plain " + kind]
+    assert seen["plain fusion"][3]["retrieve"] == 2 * 4  # start and end: the fusion's, the question's, 2 generated
+    assert seen["plain fusion"][1]["VectorIndexRetriever.retrieve"] == 3
+    assert seen["plain rerank"][1]["OpenAILike.predict"] >= 2  # the 2 rerank batches (the answer's if any node is left)
+
+
 def test_a_streamed_answers_llm_events_keep_the_readers_pace_as_plain(recording_proxy, squad_index, executor):
     """Plain's streamed LLM call fires its events from the generator its reader pulls: a
     chunk's ``LLMChatInProgressEvent`` just before the token is handed on, so a chat engine's

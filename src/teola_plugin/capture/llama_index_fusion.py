@@ -15,7 +15,9 @@ the decode's stripped lines; a generated query that is not the line at its posit
 when backticks or exotic line breaks make LlamaIndex parse differently) is retrieved by the
 sub-retriever itself, and retrieved lines beyond the cap are ignored, so nothing changes the
 result. Retrievers that are not lowered as vector search retrieve the parsed queries inside
-the ``fuse`` step (their own ``retrieve``, after the decode).
+the ``fuse`` step (their own ``retrieve``, after the decode). Each generated query's search
+the graph ran is reported in ``fuse`` as plain's ``retrieve`` (``aretrieve`` where plain awaits
+it) reports it: its spans, ``RetrievalStart`` / ``End`` events and ``RETRIEVE`` callback event.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from llama_index.core.base import base_retriever
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.retrievers.fusion_retriever import QueryFusionRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
@@ -41,7 +46,8 @@ from .llama_index import (
 from .llama_index_llm_events import CompleteEvents
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
-from .llama_index_spans import model_call_spans, unspanned
+from .llama_index_span_events import CallbackEvent
+from .llama_index_spans import instant_span, model_call_spans, running_async, unspanned
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
 
@@ -131,7 +137,8 @@ class FusionReplay:
             if j == 0:
                 nodes = lists[f"original{i}"]
             elif i in self.streamed and j - 1 < len(lines) and lines[j - 1] == q.query_str:
-                nodes = retrievers[i]._handle_recursive_retrieval(q, lists[f"generated{i}"][j - 1])
+                nodes = reported_retrieve(retrievers[i], q, lists[f"generated{i}"][j - 1],
+                                          async_=fusion.use_async or running_async())
             else:  # not retrieved in the graph: the sub-retriever's own retrieve
                 nodes = retrievers[i].retrieve(q)
             # Fusion rescores in place; each plain retrieve returns fresh NodeWithScore objects.
@@ -141,6 +148,38 @@ class FusionReplay:
         # its own code without its span: the graph reports the ``_retrieve`` span it stands for
         nodes = unspanned(fusion, "_retrieve", bound_to=replay)(query)
         return fusion._handle_recursive_retrieval(query, nodes)  # BaseRetriever.retrieve's last step
+
+
+class _RetrieveEvents:
+    """``BaseRetriever.retrieve``'s events around nodes already found: ``RetrievalStartEvent``,
+    ``RETRIEVE`` (-> ``nodes``, set before the span closes), ``RetrievalEndEvent``."""
+
+    def __init__(self, retriever: Any, query: QueryBundle) -> None:
+        self.callback = CallbackEvent(retriever.callback_manager, CBEventType.RETRIEVE)
+        self.query = query
+        self.nodes: list[NodeWithScore] = []
+
+    def start(self, values: Any) -> Any:
+        base_retriever.dispatcher.event(RetrievalStartEvent(str_or_query_bundle=self.query))
+        return self.callback.start({EventPayload.QUERY_STR: self.query.query_str})
+
+    def end(self, event_id: Any, result: Any, values: Any) -> None:
+        self.callback.end(event_id, {EventPayload.NODES: self.nodes})
+        base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=self.query, nodes=self.nodes))
+
+
+def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithScore], async_: bool
+                      ) -> list[NodeWithScore]:
+    """``retriever.retrieve(query)`` (``aretrieve`` where plain awaits it) for a generated query
+    the graph searched: its ``retrieve`` and ``_retrieve`` spans with its events and callback
+    event, as plain reports them, around its own last step on the graph's ``found`` nodes."""
+    outer, inner = ("aretrieve", "_aretrieve") if async_ else ("retrieve", "_retrieve")
+    events = _RetrieveEvents(retriever, query)
+    with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}, events=events):
+        with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}):
+            pass  # its search ran in the graph
+        events.nodes = retriever._handle_recursive_retrieval(query, found)
+    return events.nodes
 
 
 class _Replay:

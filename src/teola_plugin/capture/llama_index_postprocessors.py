@@ -43,9 +43,9 @@ from ..engines.reranker import Reranker
 from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
-from ..ir.expansion import Expansion
 from .llama_index import POSTPROCESSOR_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .llama_index_models import llm_call_spec
+from .llama_index_spans import SpanPlan
 from .llama_index_synthesis import cpu_step, llm_call
 from .lowerable import LLMCallSpec
 from .vllm_identity import same_model
@@ -75,9 +75,11 @@ class LLMRerankPlanner:
             return rerank.postprocess_nodes(nodes, query_bundle=query)
         origin = type(rerank).__name__
         graph = PGraph(origin)
-        answers = [llm_call(graph, rerank.llm, self.spec, rerank.choice_select_prompt,
-                            rerank._get_predict_kwargs(batch, query.query_str), origin)
-                   for batch in rerank._get_node_batches(nodes)]
+        plan = SpanPlan(graph)
+        with plan.building():  # each call reports its predict / chat spans with their events, as plain's
+            answers = [llm_call(graph, rerank.llm, self.spec, rerank.choice_select_prompt,
+                                rerank._get_predict_kwargs(batch, query.query_str), origin)
+                       for batch in rerank._get_node_batches(nodes)]
 
         def reranked(**out: str) -> list[NodeWithScore]:
             replay = _RerankReplay(rerank, [out[f"a{i}"] for i in range(len(answers))])
@@ -85,7 +87,7 @@ class LLMRerankPlanner:
 
         graph.output("out", cpu_step(graph, "reranked", reranked, {f"a{i}": a for i, a in enumerate(answers)},
                                      origin))
-        return Expansion(self.prepare(graph), {})
+        return plan.expansion(self.prepare(graph))
 
 
 class _RerankReplay:
