@@ -404,6 +404,7 @@ COMPANION_PAGES = {
                      "GPU deployments (`teola simulate`)",
     "priority_rules.md": "The engine schedulers' priority rules side by side under Poisson load "
                          "(`scripts/compare_priority_rules.py`)",
+    "llm_compressors.md": "LangChain's LLM document compressors, plain vs Teola (`scripts/compare_llm_compressors.py`)",
     "fan_out/page.md": "Apps whose parallel work is the framework's own composition: a LlamaIndex Workflow fan-out "
                        "and a LangGraph Send graph (`teola bench --apps li_workflow lg_multihop ...`)",
     "multi_step/page.md": "LlamaIndex's multi-step patterns: a SubQuestionQueryEngine and a two-turn condense-plus-context "
