@@ -825,8 +825,8 @@ def test_llm_document_compressors_ask_about_every_document_at_once_with_plains_r
     """LangChain's contextual-compression docs: ``LLMChainExtractor`` (one ``invoke`` per
     document, one after another, in plain) and ``LLMChainFilter`` (``batch``) under a
     ``ContextualCompressionRetriever``: nothing opaque, every document's chain call expanded
-    at once; the same request bodies, documents, callback runs and (where a call's parse
-    fails) the first document's error, as plain raises it."""
+    at once; the same request bodies, documents, callback runs (each chain run a child of the
+    retriever's) and (where a call's parse fails) the first document's error, as plain raises it."""
     from langchain_classic.retrievers import ContextualCompressionRetriever
     from langchain_classic.retrievers.document_compressors import LLMChainExtractor, LLMChainFilter
     from langchain_core.callbacks import BaseCallbackHandler
@@ -838,17 +838,28 @@ def test_llm_document_compressors_ask_about_every_document_at_once_with_plains_r
     from teola_plugin.langchain import TeolaRunnable
 
     class Runs(BaseCallbackHandler):
+        """Each run: its kind, name, tags and its parent run's name."""
+
         def __init__(self) -> None:
-            self.runs: list[tuple] = []
+            self.started: list[tuple] = []
+            self.names: dict = {}
+
+        def _start(self, kind: str, name: str, kwargs: dict) -> None:
+            self.names[kwargs["run_id"]] = name
+            self.started.append((kind, name, tuple(sorted(kwargs.get("tags") or [])), kwargs.get("parent_run_id")))
+
+        @property
+        def runs(self) -> list[tuple]:
+            return [(*run[:3], str(self.names.get(run[3]))) for run in self.started]
 
         def on_chain_start(self, serialized, inputs, **kwargs) -> None:
-            self.runs.append(("chain", kwargs.get("name"), tuple(sorted(kwargs.get("tags") or []))))
+            self._start("chain", kwargs.get("name"), kwargs)
 
         def on_chat_model_start(self, serialized, messages, **kwargs) -> None:
-            self.runs.append(("model", tuple(sorted(kwargs.get("tags") or []))))
+            self._start("model", "ChatOpenAI", kwargs)
 
         def on_retriever_start(self, serialized, query, **kwargs) -> None:
-            self.runs.append(("retriever", kwargs.get("name")))
+            self._start("retriever", kwargs.get("name"), kwargs)
 
     embeddings = HuggingFaceEmbeddings(model_name=str(default_model_path()))
     store = InMemoryVectorStore.from_texts([p.text for p in datasets.load_corpus("squad-xquad-en")[:16]], embeddings)
@@ -875,6 +886,7 @@ def test_llm_document_compressors_ask_about_every_document_at_once_with_plains_r
         assert bodies(recording_proxy.take()) == bodies(sent)
         assert got == plain
         assert sorted(runs.runs) == sorted(plain_runs.runs)
+        assert ("chain", "RunnableSequence", (), "ContextualCompressionRetriever") in plain_runs.runs
         assert asyncio.run(fast.ainvoke(question)) == asyncio.run(compression.ainvoke(question))
 
     # a parse that fails: the first document's error, with plain's message
