@@ -291,6 +291,33 @@ def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain
     assert plain[2] == "Empty Response" and "synthesize" not in plain[0] and "SynthesizeStartEvent" in plain[1]
 
 
+def test_a_compact_accumulate_packs_its_texts_once_as_plain(runtime, index, llm, executor):
+    """``CompactAndAccumulate.get_response`` repacks the retrieved texts once, then each packed
+    chunk for its call: the lowered synthesis splits as often (its ``split_text`` spans and
+    ``CHUNKING`` events), where it once packed the texts twice (span arguments and calls)."""
+    from collections import Counter
+
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
+
+    spans = SimpleSpanHandler()
+    get_dispatcher().add_span_handler(spans)
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, response_mode="compact_accumulate")
+
+    def splits(call) -> tuple[str, int]:
+        spans.completed_spans.clear()
+        answer = str(call())
+        return answer, Counter(s.id_.split("-")[0] for s in spans.completed_spans)["TokenTextSplitter.split_text"]
+
+    try:
+        plain = splits(lambda: query_engine.query(QUESTIONS[0]))
+        assert executor.traced(query_engine).opaque == []
+        assert splits(lambda: executor.query(query_engine, QUESTIONS[0])) == plain
+    finally:
+        get_dispatcher().span_handlers.remove(spans)
+    assert plain[1] >= 2  # the texts once, then each packed chunk for its call
+
+
 def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3)
     retriever = index.as_retriever(similarity_top_k=3)

@@ -173,7 +173,8 @@ class SynthesisPlanner:
                             method: str = "get_response") -> Iterator[list[str] | None]:
         """The ``get_response`` spans ``synthesize`` opens (a compacting synthesizer's own around
         its parent's over the texts it hands on; a refine's with its events), by ``open_span``
-        (the plan's, or one reported at once); yields the refine chunks when it computed them."""
+        (the plan's, or one reported at once); yields the chunks the calls go over when it
+        computed them (a refine's; a compact accumulate's repacked texts, packed once as plain's)."""
         synth = self.synthesizer
         chunks = self.refine_chunks(query_str, texts)
         handed = self.handed_on(query_str, texts, chunks)
@@ -185,7 +186,7 @@ class SynthesisPlanner:
             inner = handed if handed is not None else texts
             stack.enter_context(open_span(
                 synth, method, events=events, args=lambda v: {"query_str": query_str, "text_chunks": inner}))
-            yield chunks
+            yield chunks if chunks is not None else handed
 
     def handed_on(self, query_str: str, texts: list[str], refine_chunks: list[str] | None = None
                   ) -> list[str] | None:
@@ -218,7 +219,8 @@ class SynthesisPlanner:
                      refine_chunks: list[str] | None = None) -> PGraph:
         """``get_response(query_str, texts)``'s calls: output ``out`` is the answer text it
         returns; when streaming, the final decode is also output ``stream``. ``refine_chunks``:
-        :meth:`refine_chunks`' result when the caller has it."""
+        the chunks the calls go over when the caller has them (:meth:`refine_chunks`' result; a
+        compact accumulate's repacked texts, :meth:`handed_on`)."""
         return self.answer_calls(query_str, texts, refine_chunks, prepare)[0]
 
     def answer_calls(self, query_str: str, texts: list[str], refine_chunks: list[str] | None = None,
@@ -238,7 +240,7 @@ class SynthesisPlanner:
         elif isinstance(synth, TreeSummarize):
             answer = TreeLevels(self, query_str).build(graph, texts)
         elif isinstance(synth, Accumulate):
-            answer = self._accumulate(graph, query_str, texts)
+            answer = self._accumulate(graph, query_str, texts, refine_chunks)
         elif isinstance(synth, Generation):
             answer = self._generation(graph, query_str)
         else:
@@ -269,14 +271,15 @@ class SynthesisPlanner:
             graph.output("stream", text)
         return text
 
-    def _accumulate(self, graph: PGraph, query_str: str, texts: list[str]) -> Ref:
+    def _accumulate(self, graph: PGraph, query_str: str, texts: list[str], repacked: list[str] | None = None) -> Ref:
         """``Accumulate.get_response``: every call independent, joined by its own code
-        (``CompactAndAccumulate``: over the texts repacked first, as its own)."""
+        (``CompactAndAccumulate``: over the texts repacked first, as its own; ``repacked``
+        when the caller already packed them, so they are split once, as plain splits them)."""
         synth = self.synthesizer
         origin = type(synth).__name__
         template = synth._text_qa_template.partial_format(query_str=query_str)
         if isinstance(synth, CompactAndAccumulate):
-            texts = self._repacked(query_str, texts)
+            texts = repacked if repacked is not None else self._repacked(query_str, texts)
         answers = [self.llm_call(graph, template, synth._make_prompt_kwargs(packed), origin)
                    for chunk in texts
                    for packed in synth._prompt_helper.repack(template, [chunk], llm=self.llm)]

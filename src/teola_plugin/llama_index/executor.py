@@ -601,7 +601,9 @@ class TeolaExecutor:
             return None
         chunks = planner.refine_chunks(query_str, list(text_chunks))  # compacted once, as plain does
         handed = planner.handed_on(query_str, list(text_chunks), chunks)
-        graph, spans = planner.answer_calls(query_str, list(text_chunks), refine_chunks=chunks)
+        # the chunks its calls go over, packed once as plain's get_response packs them
+        graph, spans = planner.answer_calls(query_str, list(text_chunks),
+                                            refine_chunks=chunks if chunks is not None else handed)
         answer = Trace(graph, engines=needs)
         if synthesizer._streaming:
             def stream() -> Any:  # called inside plain's get_response span (instrumentation.answered)
