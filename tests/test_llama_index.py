@@ -275,7 +275,7 @@ def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain
         index.as_retriever(similarity_top_k=2), llm=llm, callback_manager=CallbackManager([debug]),
         node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=1.01)])
 
-    def events(call) -> tuple[Counter, list[str]]:
+    def events(call) -> tuple[Counter, list[str], str]:
         debug.flush_event_logs()
         names.names.clear()
         answer = str(call())
