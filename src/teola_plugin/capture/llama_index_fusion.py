@@ -25,15 +25,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from llama_index.core.base import base_retriever
-from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
-from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.retrievers.fusion_retriever import QueryFusionRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..ir import semantics
-from ..ir.node import Ref
+from ..ir.node import INPUT, Ref
 from ..ir.ops import Op
 from ..ir.semantics import CHARS_PER_TOKEN
 from .llama_index import (
@@ -46,7 +43,7 @@ from .llama_index import (
 from .llama_index_llm_events import CompleteEvents
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
-from .llama_index_span_events import CallbackEvent
+from .llama_index_span_events import retrieve_events
 from .llama_index_spans import instant_span, model_call_spans, running_async, unspanned
 from .llm_calls import emit_llm_call
 from .lowerable import LLMCallSpec
@@ -150,36 +147,24 @@ class FusionReplay:
         return fusion._handle_recursive_retrieval(query, nodes)  # BaseRetriever.retrieve's last step
 
 
-class _RetrieveEvents:
-    """``BaseRetriever.retrieve``'s events around nodes already found: ``RetrievalStartEvent``,
-    ``RETRIEVE`` (-> ``nodes``, set before the span closes), ``RetrievalEndEvent``."""
-
-    def __init__(self, retriever: Any, query: QueryBundle) -> None:
-        self.callback = CallbackEvent(retriever.callback_manager, CBEventType.RETRIEVE)
-        self.query = query
-        self.nodes: list[NodeWithScore] = []
-
-    def start(self, values: Any) -> Any:
-        base_retriever.dispatcher.event(RetrievalStartEvent(str_or_query_bundle=self.query))
-        return self.callback.start({EventPayload.QUERY_STR: self.query.query_str})
-
-    def end(self, event_id: Any, result: Any, values: Any) -> None:
-        self.callback.end(event_id, {EventPayload.NODES: self.nodes})
-        base_retriever.dispatcher.event(RetrievalEndEvent(str_or_query_bundle=self.query, nodes=self.nodes))
+_QUERY = Ref(INPUT, "query")  # the query a replayed retrieval's events read (given, not a graph value)
 
 
 def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithScore], async_: bool
                       ) -> list[NodeWithScore]:
     """``retriever.retrieve(query)`` (``aretrieve`` where plain awaits it) for a generated query
     the graph searched: its ``retrieve`` and ``_retrieve`` spans with its events and callback
-    event, as plain reports them, around its own last step on the graph's ``found`` nodes."""
+    event (``retrieve_events``, as a lowered retriever's), as plain reports them, around its own
+    last step on the graph's ``found`` nodes."""
     outer, inner = ("aretrieve", "_aretrieve") if async_ else ("retrieve", "_retrieve")
-    events = _RetrieveEvents(retriever, query)
-    with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}, events=events):
+    events, known = retrieve_events(retriever, _QUERY), lambda ref: query
+    with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}):
+        state = events.start(known)
         with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}):
             pass  # its search ran in the graph
-        events.nodes = retriever._handle_recursive_retrieval(query, found)
-    return events.nodes
+        nodes = retriever._handle_recursive_retrieval(query, found)
+        events.end(state, nodes, known)
+    return nodes
 
 
 class _Replay:
