@@ -225,30 +225,53 @@ def test_streaming_query_engine_streams_the_same_tokens(runtime, index, llm, exe
 
 
 # -- the drop-in hook ------------------------------------------------------------------------------
-def test_a_lowered_query_engine_reports_plains_query_callback_event(runtime, index, llm, executor):
+def test_a_lowered_query_engine_reports_plains_query_callback_event_and_trace(runtime, index, llm, executor):
     """``LlamaDebugHandler.get_event_pairs(CBEventType.QUERY)``, as LlamaIndex's docs use it: a
     lowered ``RetrieverQueryEngine``'s query (sync, async) reports the one QUERY event its own
-    ``_query`` opens, with plain's query string and response."""
-    import asyncio
-
+    ``_query`` opens, with plain's query string and response; and the trace map the callback
+    manager hands its handlers at the trace's end nests every event where plain's does (the
+    query embedding's ``EMBEDDING`` under ``RETRIEVE``, though the retrieval's primitives run
+    in tasks of their own)."""
     from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
     from llama_index.core.query_engine import RetrieverQueryEngine
 
-    debug = LlamaDebugHandler()
-    query_engine = RetrieverQueryEngine.from_args(index.as_retriever(similarity_top_k=2), llm=llm,
-                                                  callback_manager=CallbackManager([debug]))
+    class TraceTrees(LlamaDebugHandler):
+        """Each ended trace as a tree of event types (children sorted: concurrent ones vary)."""
 
-    def query_events(call) -> list[tuple[str, str]]:
+        trees: ClassVar[list[str]] = []
+
+        def end_trace(self, trace_id: str | None = None, trace_map: Any = None) -> None:
+            kinds = {event.id_: event.event_type.value for event in self.get_events()}
+
+            def tree(node: str) -> str:
+                children = sorted(tree(child) for child in (trace_map or {}).get(node, []))
+                return kinds.get(node, node) + (f"({','.join(children)})" if children else "")
+
+            self.trees.append(tree("root"))
+            super().end_trace(trace_id, trace_map)
+
+    debug = TraceTrees(print_trace_on_end=False)
+    previous, Settings.callback_manager = Settings._callback_manager, CallbackManager([debug])  # as the docs set it
+    try:  # the index over the same nodes, its embedding, the engine, its synthesizer and LLM report to it
+        observed = VectorStoreIndex(index_struct=index.index_struct, storage_context=index.storage_context,
+                                    embed_model=TeolaEmbedding(runtime=runtime))
+        query_engine = RetrieverQueryEngine.from_args(observed.as_retriever(similarity_top_k=2), llm=llm)
+    finally:
+        Settings._callback_manager = previous
+
+    def query_events(call) -> tuple[list[tuple[str, str]], list[str]]:
         debug.flush_event_logs()
+        debug.trees.clear()
         call()
         return [(start.payload[EventPayload.QUERY_STR], str(end.payload[EventPayload.RESPONSE]))
-                for start, end in debug.get_event_pairs(CBEventType.QUERY)]
+                for start, end in debug.get_event_pairs(CBEventType.QUERY)], list(debug.trees)
 
     plain = query_events(lambda: query_engine.query(QUESTIONS[0]))
     assert executor.traced(query_engine).opaque == []
     assert query_events(lambda: executor.query(query_engine, QUESTIONS[0])) == plain
     assert query_events(lambda: asyncio.run(executor.aquery(query_engine, QUESTIONS[0]))) == plain
-    assert len(plain) == 1 and plain[0][0] == QUESTIONS[0]
+    assert len(plain[0]) == 1 and plain[0][0][0] == QUESTIONS[0]
+    assert plain[1] == ["root(query(retrieve(embedding),synthesize(llm,templating)))"], plain[1]
 
 
 def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain(runtime, index, llm, executor):

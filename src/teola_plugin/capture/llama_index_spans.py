@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llama_index.core.callbacks.base import global_stack_trace
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.instrumentation.span import active_span_id
@@ -231,6 +232,9 @@ class _Opened:
     reported: bool = True
     state: Any = None
     closed: bool = False
+    # the callback manager's stack of open events inside the span (its own start events
+    # pushed), which every primitive of the span runs with: an event they fire nests there
+    trace_stack: list[str] | None = None
     # what else reports the span's failure first (an LLM call's callback event it opened)
     on_drop: list[Callable[[BaseException], None]] = field(default_factory=list)
 
@@ -306,6 +310,7 @@ class SpanRun:
             opened = self._open(span)
             active_span_id.set(opened.id_)  # in this primitive's own task context
             _INSIDE.set(opened)
+            global_stack_trace.set(opened.trace_stack)
         _ASYNC.set(self.async_)
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
@@ -334,12 +339,16 @@ class SpanRun:
         parent_span = self._parent(span)
         parent = self._open(parent_span) if parent_span is not None else None
         parent_id = parent.id_ if parent is not None else active_span_id.get()
+        # the stack the span's events push onto: its parent's (opened by whichever primitive
+        # entered it first), or the caller's, which the run's context inherits
+        stack = parent.trace_stack if parent is not None else global_stack_trace.get()
         instance, method, dispatcher = span.instance, span.method, span.dispatcher
         if dispatcher is not None and self.async_ and getattr(type(instance), async_name(method), None) is not None:
             method = async_name(method)
             dispatcher = dispatcher_of(instance, method)
         if dispatcher is None:  # events only, or plain's async path opens no span here (a refine program's acall)
-            opened = self.opened[span] = _Opened(span, parent_id, _NO_ARGS, parent, reported=False)
+            opened = self.opened[span] = _Opened(span, parent_id, _NO_ARGS, parent, reported=False,
+                                                 trace_stack=stack)
             self._start_events(opened)
             return opened
         try:
@@ -347,7 +356,7 @@ class SpanRun:
         except (TypeError, ValueError):
             bound = _NO_ARGS
         opened = _Opened(span, f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, parent,
-                         dispatcher=dispatcher)
+                         dispatcher=dispatcher, trace_stack=stack)
         self.opened[span] = opened
         tags = active_instrument_tags.get() if active_instrument_tags is not None else None
         dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
@@ -358,6 +367,7 @@ class SpanRun:
         if opened.span.events is not None:
             with _active(opened), _reporting(opened.span, "start"):
                 opened.state = opened.span.events.start(self._value)
+                opened.trace_stack = global_stack_trace.get()  # with the events it opened
 
     def _close(self, opened: _Opened) -> None:
         opened.closed = True
@@ -399,11 +409,14 @@ def _reporting(span: FrameworkSpan, what: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _active(opened: _Opened) -> Iterator[None]:
-    """``opened`` is the active span while its own events fire."""
+    """``opened`` is the active span while its own events fire, on its callback stack (what
+    they push or pop is the span's, not the context's that reports them)."""
     token = active_span_id.set(opened.id_)
+    stack_token = global_stack_trace.set(opened.trace_stack)
     try:
         yield
     finally:
+        global_stack_trace.reset(stack_token)
         active_span_id.reset(token)
 
 
