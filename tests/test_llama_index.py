@@ -314,10 +314,16 @@ def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain
     assert plain[2] == "Empty Response" and "synthesize" not in plain[0] and "SynthesizeStartEvent" in plain[1]
 
 
-def test_a_compact_accumulate_packs_its_texts_once_as_plain(runtime, index, llm, executor):
-    """``CompactAndAccumulate.get_response`` repacks the retrieved texts once, then each packed
-    chunk for its call: the lowered synthesis splits as often (its ``split_text`` spans and
-    ``CHUNKING`` events), where it once packed the texts twice (span arguments and calls)."""
+@pytest.mark.parametrize("async_", [False, True])
+@pytest.mark.parametrize("mode", ["compact_accumulate", "compact", "tree_summarize"])
+def test_a_lowered_querys_spans_nest_as_plains(runtime, index, llm, executor, mode, async_):
+    """A span handler alone (no event handler, no callback): every span plain opens, under
+    the span plain opens it in. The query embedding's ``get_query_embedding`` spans under the
+    retriever's ``_retrieve`` (they were missing without an event handler); the packing's
+    ``split_text`` under ``get_response`` (the synthesis is planned in it at run time; it was
+    under ``synthesize``). ``CompactAndAccumulate.get_response`` repacks the texts once, then
+    each packed chunk for its call: as many ``split_text`` spans as plain's."""
+    import re
     from collections import Counter
 
     from llama_index.core.instrumentation import get_dispatcher
@@ -325,20 +331,31 @@ def test_a_compact_accumulate_packs_its_texts_once_as_plain(runtime, index, llm,
 
     spans = SimpleSpanHandler()
     get_dispatcher().add_span_handler(spans)
-    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, response_mode="compact_accumulate")
+    query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, response_mode=mode)
 
-    def splits(call) -> tuple[str, int]:
+    def name(span_id: str | None) -> str | None:
+        return None if span_id is None else re.sub(r"-[0-9a-f-]{36}$", "", span_id)
+
+    def nested(query) -> tuple[str, Counter]:
         spans.completed_spans.clear()
-        answer = str(call())
-        return answer, Counter(s.id_.split("-")[0] for s in spans.completed_spans)["TokenTextSplitter.split_text"]
+        answer = str(asyncio.run(query(QUESTIONS[0])) if async_ else query(QUESTIONS[0]))
+        return answer, Counter((name(s.id_), name(s.parent_id)) for s in spans.completed_spans)
 
     try:
-        plain = splits(lambda: query_engine.query(QUESTIONS[0]))
+        plain = nested(query_engine.aquery if async_ else query_engine.query)
         assert executor.traced(query_engine).opaque == []
-        assert splits(lambda: executor.query(query_engine, QUESTIONS[0])) == plain
+        teola = nested(lambda q: executor.aquery(query_engine, q) if async_ else executor.query(query_engine, q))
     finally:
         get_dispatcher().span_handlers.remove(spans)
-    assert plain[1] >= 2  # the texts once, then each packed chunk for its call
+    assert teola == plain
+    get_response = ("aget_response" if async_ else "get_response")
+    retrieve = ("_aretrieve" if async_ else "_retrieve")
+    embedding = ("aget_query_embedding" if async_ else "get_query_embedding")
+    splits = {parent: n for (span, parent), n in plain[1].items() if span == "TokenTextSplitter.split_text"}
+    assert splits and all(parent.endswith(get_response) for parent in splits), splits
+    assert plain[1][(f"TeolaEmbedding.{embedding}", f"VectorIndexRetriever.{retrieve}")] == 1
+    if mode == "compact_accumulate":
+        assert sum(splits.values()) >= 2  # the texts once, then each packed chunk for its call
 
 
 def test_settings_executor_routes_query_engines_and_retrievers(runtime, index, llm, executor):

@@ -1673,9 +1673,11 @@ def test_fusion_retrievals_and_llm_rerank_calls_report_plains_events_and_spans(r
                                                                                 executor):
     """Each generated query a ``QueryFusionRetriever`` retrieves reports its retriever's
     ``retrieve`` / ``_retrieve`` spans, ``RetrievalStart`` / ``End`` events and ``RETRIEVE``
-    callback event (LlamaDebugHandler counts one per query and retriever, as plain); each
-    ``LLMRerank`` batch call its ``predict`` and the model's ``chat`` spans. Concurrent calls
-    may nest their embeddings elsewhere: the spans and events are compared by name."""
+    callback event (LlamaDebugHandler counts one per query and retriever, as plain), with its
+    query's embedding inside (one batched embedding on the engine, each query's reported in
+    its retrieval; under ``use_async`` as the awaited ``aretrieve`` / ``aget_query_embedding``,
+    the question's too); each ``LLMRerank`` batch call its ``predict`` and the model's
+    ``chat`` spans. Spans are compared by (name, parent's name), events by name and span."""
     from collections import Counter
 
     from llama_index.core import get_response_synthesizer
@@ -1688,8 +1690,9 @@ def test_fusion_retrievals_and_llm_rerank_calls_report_plains_events_and_spans(r
     callbacks = CallbackManager([debug])
     llm = openai_like(recording_proxy.base_url, is_chat_model=True, context_window=2048, max_tokens=24,
                       callback_manager=callbacks)
-    fusion = QueryFusionRetriever([VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks)],
-                                  llm=llm, num_queries=3, use_async=False, callback_manager=callbacks)
+    fusions = {use_async: QueryFusionRetriever(
+        [VectorIndexRetriever(squad_index, similarity_top_k=2, callback_manager=callbacks)], llm=llm, num_queries=3,
+        use_async=use_async, callback_manager=callbacks) for use_async in (False, True)}
     reranked = RetrieverQueryEngine(
         VectorIndexRetriever(squad_index, similarity_top_k=4, callback_manager=callbacks),
         get_response_synthesizer(llm=llm, callback_manager=callbacks),
@@ -1698,7 +1701,8 @@ def test_fusion_retrievals_and_llm_rerank_calls_report_plains_events_and_spans(r
     seen = {}
     with SpanTree() as tree:
         for kind, plain_call, teola_call in (
-                ("fusion", lambda: fusion.retrieve(QUESTIONS[0]), lambda: executor.retrieve(fusion, QUESTIONS[0])),
+                *((f"fusion{'_async' * a}", lambda f=f: f.retrieve(QUESTIONS[0]),
+                   lambda f=f: executor.retrieve(f, QUESTIONS[0])) for a, f in fusions.items()),
                 ("rerank", lambda: reranked.query(QUESTIONS[0]), lambda: executor.query(reranked, QUESTIONS[0]))):
             for name, call in (("teola", teola_call), ("plain", plain_call)):
                 debug.flush_event_logs()
@@ -1707,12 +1711,14 @@ def test_fusion_retrievals_and_llm_rerank_calls_report_plains_events_and_spans(r
                 spans, events = tree.take()
                 seen[f"{name} {kind}"] = (
                     str(result) if kind == "rerank" else [n.node.node_id for n in result],
-                    Counter(s[1] for s in spans if s[0] == "open"), Counter(e[0] for e in events),
+                    Counter(s[1:] for s in spans if s[0] == "open"), Counter(e[:2] for e in events),
                     Counter(e.event_type.value for e in debug.get_events()))
-    for kind in ("fusion", "rerank"):
-        assert seen["teola " + kind] == seen["plain " + kind]
+    for kind in ("fusion", "fusion_async", "rerank"):
+        assert seen["teola " + kind] == seen["plain " + kind], kind
     assert seen["plain fusion"][3]["retrieve"] == 2 * 4  # start and end: the fusion's, the question's, 2 generated
-    assert seen["plain fusion"][1]["VectorIndexRetriever.retrieve"] == 3
+    assert seen["plain fusion"][1][("VectorIndexRetriever.retrieve", "QueryFusionRetriever._retrieve")] == 3
+    assert seen["plain fusion"][1][("HuggingFaceEmbedding.get_query_embedding", "VectorIndexRetriever._retrieve")] == 3
+    assert seen["plain fusion_async"][1][("VectorIndexRetriever.aretrieve", "QueryFusionRetriever._retrieve")] == 3
     assert seen["plain rerank"][1]["OpenAILike.predict"] >= 2  # the 2 rerank batches (the answer's if any node is left)
 
 

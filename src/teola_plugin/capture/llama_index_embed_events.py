@@ -29,7 +29,7 @@ from ..ir.graph import PGraph
 from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import framework_call
-from .llama_index_listening import listened, model_dict
+from .llama_index_listening import has_handlers, listened, model_dict
 from .llama_index_spans import instant_span, running_async
 
 
@@ -41,12 +41,18 @@ class EmbedEvents:
 
     @classmethod
     def of(cls, embed_model: Any) -> EmbedEvents | None:
-        """None when nobody listens (then nothing is reported, nor added to a graph)."""
-        return cls(embed_model) if listened(embed_model, embeddings_base.dispatcher) else None
+        """None when nobody listens (then nothing is reported, nor added to a graph): to its
+        events, or to the spans a query's embedding opens (a span handler alone)."""
+        dispatcher = embeddings_base.dispatcher
+        heard = listened(embed_model, dispatcher) or has_handlers(dispatcher, "span_handlers")
+        return cls(embed_model) if heard else None
 
-    def report(self, texts: Sequence[str], vectors: Sequence[Any], sizes: Iterable[int] | None = None) -> None:
-        """One embedding call per batch of ``sizes`` texts (None: one per text, as queries are)."""
+    def report(self, texts: Sequence[str], vectors: Sequence[Any], sizes: Iterable[int] | None = None,
+               async_: bool | None = None) -> None:
+        """One embedding call per batch of ``sizes`` texts (None: one per text, as queries are);
+        ``async_``: whether plain awaits a query's embedding (None: as the running primitive's call)."""
         model = self.embed_model
+        async_ = running_async() if async_ is None else async_
         described = model_dict(model)
         start = 0
         for size in sizes if sizes is not None else [1] * len(texts):
@@ -55,22 +61,22 @@ class EmbedEvents:
             # a query string's events in the span of its ``get_query_embedding``
             # (``aget_query_embedding``), around the model's own, which ran on the engine
             query = sizes is None
-            outer = ("aget_query_embedding" if running_async() else "get_query_embedding") if query else None
+            outer = ("aget_query_embedding" if async_ else "get_query_embedding") if query else None
             with instant_span(model, outer, args=lambda v: {"query": chunks[0]}) if outer else contextlib.nullcontext():
                 embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
                 with model.callback_manager.event(CBEventType.EMBEDDING,
                                                   payload={EventPayload.SERIALIZED: described}) as event:
                     if query:
-                        self._model_spans(chunks[0])
+                        self._model_spans(chunks[0], async_)
                     event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
                 embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
 
-    def _model_spans(self, query: str) -> None:
+    def _model_spans(self, query: str, async_: bool) -> None:
         """The model's own ``_get_query_embedding`` span (async: ``_aget_query_embedding``'s,
         around the sync one's where it calls it, as HuggingFaceEmbedding's does)."""
         model = self.embed_model
         args = lambda v: {"query": query}  # noqa: E731
-        if not running_async():
+        if not async_:
             with instant_span(model, "_get_query_embedding", args=args):
                 return
         own = inspect.unwrap(getattr(type(model), "_aget_query_embedding"))

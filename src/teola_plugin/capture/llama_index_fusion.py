@@ -40,6 +40,7 @@ from .llama_index import (
     framework_call,
     lowering_rule,
 )
+from .llama_index_embed_events import EmbedEvents
 from .llama_index_llm_events import CompleteEvents
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
@@ -56,16 +57,19 @@ def lower_query_fusion(tr: LlamaIndexTracer, fusion: QueryFusionRetriever) -> Re
     spec = llm_call_spec(tr.ctx.runtime, fusion._llm, tr.traced.engines) if generates else None
 
     inputs: dict[str, Ref] = {"query": tr.query}
-    for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers
-        inputs[f"original{i}"] = tr.lower_retriever(retriever)
+    with tr.spans.awaited(fusion.use_async):  # its sync _retrieve awaits them under use_async
+        for i, retriever in enumerate(fusion._retrievers):  # the original query, as each retriever lowers
+            inputs[f"original{i}"] = tr.lower_retriever(retriever)
     streamed: set[int] = set()
     if generates:
         text, items = _generate_queries(tr, fusion, spec, origin)
         inputs["text"] = text
         for i, retriever in enumerate(fusion._retrievers):
-            hits = _search_items(tr, retriever, items, fusion.num_queries - 1)
-            if hits is not None:
-                inputs[f"generated{i}"] = hits
+            searched = _search_items(tr, retriever, items, fusion.num_queries - 1)
+            if searched is not None:
+                inputs[f"generated{i}"], vectors = searched
+                if vectors is not None:
+                    inputs[f"vectors{i}"] = vectors
                 streamed.add(i)
     fuse = FusionReplay(fusion, streamed)
     return tr.cpu_step("fuse", fuse, inputs, origin, pure=not fusion.object_map)
@@ -95,9 +99,11 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
     return decode.out("text"), decode.out("items")
 
 
-def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> Ref | None:
-    """embed(items) -> vector_search, one hit list per generated line; None when
-    ``retriever`` is not a vector search the graph can reproduce."""
+def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> tuple[Ref, Ref | None] | None:
+    """embed(items) -> vector_search, one hit list per generated line, and the lines' vectors
+    where their embedding events are Teola's to report (in ``fuse``, for the lines plain
+    embeds: not those beyond its cap); None when ``retriever`` is not a vector search the
+    graph can reproduce."""
     if type(retriever) is not VectorIndexRetriever:
         return None
     try:
@@ -110,11 +116,11 @@ def _search_items(tr: LlamaIndexTracer, retriever: Any, items: Ref, n: int) -> R
     origin = type(retriever).__name__
     embed = tr.add(Op.EMBED, inputs={"texts": items}, engine=engine_name, attrs={"est_items": n, **attrs},
                    origin=origin)
-    tr.embedding_events(retriever._embed_model, attrs, items, embed.out(), origin)
     index, engine = store_index(tr, retriever)
     search = tr.add(Op.VECTOR_SEARCH, inputs={"index": index, "vectors": embed.out()}, engine=engine,
                     attrs={"top_k": retriever.similarity_top_k, "est_items": n}, origin=origin)
-    return search.out()
+    reported = EmbedEvents.of(retriever._embed_model) is not None and "embed_text" not in attrs
+    return search.out(), embed.out() if reported else None
 
 
 class FusionReplay:
@@ -134,8 +140,10 @@ class FusionReplay:
             if j == 0:
                 nodes = lists[f"original{i}"]
             elif i in self.streamed and j - 1 < len(lines) and lines[j - 1] == q.query_str:
+                vectors = lists.get(f"vectors{i}")
                 nodes = reported_retrieve(retrievers[i], q, lists[f"generated{i}"][j - 1],
-                                          async_=fusion.use_async or running_async())
+                                          async_=fusion.use_async or running_async(),
+                                          vector=None if vectors is None else vectors[j - 1])
             else:  # not retrieved in the graph: the sub-retriever's own retrieve
                 nodes = retrievers[i].retrieve(q)
             # Fusion rescores in place; each plain retrieve returns fresh NodeWithScore objects.
@@ -150,18 +158,21 @@ class FusionReplay:
 _QUERY = Ref(INPUT, "query")  # the query a replayed retrieval's events read (given, not a graph value)
 
 
-def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithScore], async_: bool
-                      ) -> list[NodeWithScore]:
+def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithScore], async_: bool,
+                      vector: Any = None) -> list[NodeWithScore]:
     """``retriever.retrieve(query)`` (``aretrieve`` where plain awaits it) for a generated query
     the graph searched: its ``retrieve`` and ``_retrieve`` spans with its events and callback
-    event (``retrieve_events``, as a lowered retriever's), as plain reports them, around its own
-    last step on the graph's ``found`` nodes."""
+    event (``retrieve_events``, as a lowered retriever's), and inside them the embedding of
+    the query (its ``vector``, when its events are Teola's to report), as plain reports them,
+    around its own last step on the graph's ``found`` nodes."""
     outer, inner = ("aretrieve", "_aretrieve") if async_ else ("retrieve", "_retrieve")
     events, known = retrieve_events(retriever, _QUERY), lambda ref: query
+    embedded = EmbedEvents.of(retriever._embed_model) if vector is not None else None
     with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}):
         state = events.start(known)
         with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}):
-            pass  # its search ran in the graph
+            if embedded is not None:  # its search ran in the graph; its embedding is reported here
+                embedded.report([query.query_str], [vector], async_=async_)
         nodes = retriever._handle_recursive_retrieval(query, found)
         events.end(state, nodes, known)
     return nodes

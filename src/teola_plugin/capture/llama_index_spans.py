@@ -67,6 +67,19 @@ class FrameworkSpan:
     events: Any = None
     result: Ref | None = None
     label: str = ""
+    awaited: bool = False  # plain awaits it even in a sync call (a fusion's ``use_async`` retrievals)
+    entered: EnteredSpan | None = None  # entered while its graph was built (:meth:`SpanPlan.span`)
+
+
+@dataclass(frozen=True)
+class EnteredSpan:
+    """A span reported as entered while its graph was built, by code that runs inside it at
+    build time in plain (a synthesizer packing its texts in its ``get_response``); the run's
+    :class:`SpanRun` takes it over and exits it when its primitives are done."""
+
+    id_: str
+    bound_args: inspect.BoundArguments
+    dispatcher: Any
 
 
 @dataclass
@@ -76,27 +89,81 @@ class SpanPlan:
     graph: PGraph
     members: dict[str, FrameworkSpan] = field(default_factory=dict)
     _open: list[FrameworkSpan] = field(default_factory=list)
+    _awaited: bool = False
+    _entered_any: bool = False  # a span entered while building (:meth:`span`)
 
     @contextlib.contextmanager
-    def span(self, instance: Any, method: str, *, reported: bool = True, **kwargs: Any
+    def span(self, instance: Any, method: str, *, reported: bool = True, entered: bool = False, **kwargs: Any
              ) -> Iterator[FrameworkSpan | None]:
         """Primitives added to the graph inside (and not claimed by a span opened inside
         this one) stand for ``instance.method``'s span; None (and no span) when LlamaIndex
         does not instrument that method. Not ``reported``: a scope of ``events`` only (a
-        callback event a method opens around part of its work, in no span of its own)."""
+        callback event a method opens around part of its work, in no span of its own).
+        ``entered``: the span is entered now, while the graph is built at run time (a
+        synthesis expansion), and is the active span inside, so the spans of framework code
+        run here to build the graph nest in it (a synthesizer's packing: ``split_text``)."""
         dispatcher = dispatcher_of(instance, method) if reported else None
         if dispatcher is None and reported:
             yield None
             return
-        span = FrameworkSpan(instance, method, dispatcher, parent=self._open[-1] if self._open else None, **kwargs)
+        parent = self._open[-1] if self._open else None
+        awaited = self._awaited or (parent is not None and parent.awaited)
+        span = FrameworkSpan(instance, method, dispatcher, parent=parent, awaited=awaited, **kwargs)
         mark = self.graph.mark()
         self._open.append(span)
+        with contextlib.ExitStack() as inside:
+            if entered and reported and observed():
+                inside.enter_context(self._enter_now(span))
+            try:
+                yield span
+            finally:
+                self._open.pop()
+                for name in self.graph.added_since(mark):
+                    self.members.setdefault(name, span)
+
+    @contextlib.contextmanager
+    def _enter_now(self, span: FrameworkSpan) -> Iterator[None]:
+        """Enter ``span`` now (its async method's where the running call is async) as the active
+        one inside; dropped if building its graph fails (no run will exit it)."""
+        instance, method = span.instance, span.method
+        if (running_async() or span.awaited) and getattr(type(instance), async_name(method), None) is not None:
+            method = async_name(method)
+        dispatcher = dispatcher_of(instance, method)
+        if dispatcher is None:  # plain's async path opens no span here
+            yield
+            return
+        known: Values = lambda ref: None  # noqa: E731  (args known while building are literal)
         try:
-            yield span
+            bound = inspect.signature(getattr(instance, method)).bind_partial(**span.args(known))
+        except (TypeError, ValueError):
+            bound = _NO_ARGS
+        entered = EnteredSpan(f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, dispatcher)
+        tags = active_instrument_tags.get() if active_instrument_tags is not None else None
+        dispatcher.span_enter(id_=entered.id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(),
+                              tags=tags)
+        span.entered = entered
+        self._entered_any = True
+        token = active_span_id.set(entered.id_)
+        try:
+            yield
+        except BaseException as exc:
+            dispatcher.event(SpanDropEvent(span_id=entered.id_, err_str=str(exc)))
+            dispatcher.span_drop(id_=entered.id_, bound_args=bound, instance=instance, err=exc)
+            span.entered = None
+            raise
         finally:
-            self._open.pop()
-            for name in self.graph.added_since(mark):
-                self.members.setdefault(name, span)
+            active_span_id.reset(token)
+
+    @contextlib.contextmanager
+    def awaited(self, really: bool = True) -> Iterator[None]:
+        """Inside (when ``really``), spans stand for what plain awaits whatever the caller's call
+        (``aretrieve``, ``_aretrieve``; their primitives report async events): a fusion's
+        ``use_async`` retrievals, which its sync ``_retrieve`` runs in an event loop of its own."""
+        before, self._awaited = self._awaited, self._awaited or really
+        try:
+            yield
+        finally:
+            self._awaited = before
 
     def drop(self, span: FrameworkSpan | None) -> None:
         """No longer report ``span`` (someone else opens it): its primitives and inner spans
@@ -134,6 +201,8 @@ class SpanPlan:
         or to the callback events of a span's component)."""
         if not self.members:
             return None
+        if self._entered_any:  # its run exits them
+            return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
         spans = {outer} if outer is not None else set()
         for span in set(self.members.values()):
             while span is not None:
@@ -311,7 +380,7 @@ class SpanRun:
             active_span_id.set(opened.id_)  # in this primitive's own task context
             _INSIDE.set(opened)
             global_stack_trace.set(opened.trace_stack)
-        _ASYNC.set(self.async_)
+        _ASYNC.set(self.async_ or (span is not None and span.awaited))
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
         for port, value in outputs.items():
@@ -324,11 +393,22 @@ class SpanRun:
             span = self._parent(span)
 
     async def finish(self, error: BaseException | None) -> None:
+        for span in self._entered_unopened():  # entered while built, none of their primitives ran: exited too
+            self._open(span)
         for opened in reversed(list(self.opened.values())):  # inner ones first
             if not opened.closed:
                 self._close(opened) if error is None else self._drop(opened, error)
 
     # -- spans ------------------------------------------------------------------------------
+    def _entered_unopened(self) -> list[FrameworkSpan]:
+        """The plan's spans entered while it was built that the run has not opened."""
+        spans: set[FrameworkSpan] = set()
+        for span in self.plan.members.values():
+            while span is not None:
+                spans.add(span)
+                span = span.parent
+        return [s for s in spans if s.entered is not None and s not in self.opened]
+
     def _value(self, ref: Ref) -> Any:
         return self.values.get(ref)
 
@@ -342,8 +422,16 @@ class SpanRun:
         # the stack the span's events push onto: its parent's (opened by whichever primitive
         # entered it first), or the caller's, which the run's context inherits
         stack = parent.trace_stack if parent is not None else global_stack_trace.get()
+        if span.entered is not None:  # entered while the graph was built: its id, args and dispatcher
+            entered = span.entered
+            opened = _Opened(span, entered.id_, entered.bound_args, parent, dispatcher=entered.dispatcher,
+                             trace_stack=stack)
+            self.opened[span] = opened
+            self._start_events(opened)
+            return opened
         instance, method, dispatcher = span.instance, span.method, span.dispatcher
-        if dispatcher is not None and self.async_ and getattr(type(instance), async_name(method), None) is not None:
+        if (dispatcher is not None and (self.async_ or span.awaited)
+                and getattr(type(instance), async_name(method), None) is not None):
             method = async_name(method)
             dispatcher = dispatcher_of(instance, method)
         if dispatcher is None:  # events only, or plain's async path opens no span here (a refine program's acall)

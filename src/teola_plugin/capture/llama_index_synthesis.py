@@ -60,6 +60,12 @@ LLM_SYNTHESIZERS = (CompactAndRefine, Refine, SimpleSummarize, TreeSummarize, Ac
 CONTEXT_TOKENS_GUESS = 512  # the retrieved text a first call's prompt holds (cost model only)
 
 
+def _entered_span(instance: Any, method: str, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+    """A span of the plan being built, entered now: the synthesis is planned at run time, in
+    plain's ``get_response``, and its packing's own spans nest in it."""
+    return span_in_building(instance, method, entered=True, **kwargs)
+
+
 class SynthesisPlanner:
     """The ``synthesize`` primitive's function: (query, nodes) -> Expansion producing the Response."""
 
@@ -169,19 +175,20 @@ class SynthesisPlanner:
         return self._get_response_spans(query_str, texts, instant_span, "aget_response" if async_ else "get_response")
 
     @contextlib.contextmanager
-    def _get_response_spans(self, query_str: str, texts: list[str], open_span: Callable[..., Any] = span_in_building,
+    def _get_response_spans(self, query_str: str, texts: list[str], open_span: Callable[..., Any] = _entered_span,
                             method: str = "get_response") -> Iterator[list[str] | None]:
         """The ``get_response`` spans ``synthesize`` opens (a compacting synthesizer's own around
         its parent's over the texts it hands on; a refine's with its events), by ``open_span``
-        (the plan's, or one reported at once); yields the chunks the calls go over when it
-        computed them (a refine's; a compact accumulate's repacked texts, packed once as plain's)."""
+        (the plan's, entered now, or one reported at once); yields the chunks the calls go over
+        when it computed them (a refine's; a compact accumulate's repacked texts, packed once
+        as plain's). The packing runs inside them, where plain's does (its ``split_text`` spans)."""
         synth = self.synthesizer
-        chunks = self.refine_chunks(query_str, texts)
-        handed = self.handed_on(query_str, texts, chunks)
         with contextlib.ExitStack() as stack:
-            if handed is not None:
+            if isinstance(synth, (CompactAndRefine, CompactAndAccumulate)):  # handed on to its parent class's
                 stack.enter_context(open_span(
                     synth, method, args=lambda v: {"query_str": query_str, "text_chunks": texts}))
+            chunks = self.refine_chunks(query_str, texts)
+            handed = self.handed_on(query_str, texts, chunks)
             events = GetResponseEvents(query_str, chunks) if chunks is not None else None
             inner = handed if handed is not None else texts
             stack.enter_context(open_span(
@@ -328,8 +335,8 @@ class TreeLevels:
         graph = PGraph(f"{self.origin}_level")
         plan = SpanPlan(graph)
         synth = self.planner.synthesizer
-        with plan.building(), span_in_building(synth, "get_response",
-                                               args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}):
+        with plan.building(), _entered_span(synth, "get_response",
+                                            args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}):
             graph.output("out", self.build(graph, summaries))
         return plan.expansion(self.planner.prepare(graph))
 
