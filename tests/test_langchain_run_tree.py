@@ -198,6 +198,55 @@ def test_a_step_that_raises_errors_the_runs_plain_errors(chat, runtime):
     assert teola.tree() == plain.tree()  # the runs that ended before, with their outputs
 
 
+@pytest.mark.parametrize("hook,step", [("on_chain_start", "StrOutputParser"), ("on_chain_end", "ChatPromptTemplate"),
+                                       ("on_chain_start", "ChatPromptTemplate")])
+def test_a_strict_handler_that_raises_fails_the_call_as_plain(chat, runtime, retriever, hook, step):
+    """A handler with ``raise_error = True`` (a guardrail, a policy check) that raises while a
+    lowered step's run is reported: LangChain lets its exception through, so plain's call
+    raises it (invoke, ainvoke, batch) and errors the runs around that step; Teola's must too
+    (it logged the error and returned the answer). A strict handler that raises nothing
+    changes nothing."""
+
+    class Strict(Errors):
+        raise_error = True
+
+        def __init__(self, fires: bool = True):
+            super().__init__()
+            self.fires = fires
+
+        def hook(self, *args, run_id, **kwargs):
+            if self.fires and self.path(run_id)[-1] == step:
+                raise RuntimeError(f"policy violation in {step}")
+
+    def strict(fires: bool = True) -> Strict:
+        handler = Strict(fires)
+        own = getattr(RunTreeRecorder, hook)
+
+        def checked(*args, run_id, **kwargs):
+            own(handler, *args, run_id=run_id, **kwargs)
+            handler.hook(*args, run_id=run_id, **kwargs)
+
+        setattr(handler, hook, checked)
+        return handler
+
+    chain = ({"context": retriever | (lambda docs: docs[0].page_content), "q": RunnablePassthrough()}
+             | ChatPromptTemplate.from_template("{context}\n{q}") | chat | StrOutputParser())
+    fast = TeolaRunnable(chain, runtime=runtime)
+    assert fast._plan(QUESTIONS[0]).uses_engines
+    for call in (lambda r, h: r.invoke(QUESTIONS[0], {"callbacks": [h]}),
+                 lambda r, h: asyncio.run(r.ainvoke(QUESTIONS[0], {"callbacks": [h]})),
+                 lambda r, h: r.batch([QUESTIONS[0]], {"callbacks": [h]})):
+        plain, teola = strict(), strict()
+        with pytest.raises(RuntimeError, match=f"policy violation in {step}"):
+            call(chain, plain)
+        with pytest.raises(RuntimeError, match=f"policy violation in {step}"):
+            call(fast, teola)
+        assert sorted(teola.errored) == sorted(plain.errored) and plain.errored
+        assert (("RunnableSequence",), "RuntimeError") in plain.errored
+    quiet = strict(fires=False)
+    assert fast.invoke(QUESTIONS[0], {"callbacks": [quiet]}) == chain.invoke(QUESTIONS[0]) and not quiet.errored
+
+
 def test_a_branch_that_fails_while_a_sibling_run_starts_still_ends_that_run(chat, runtime, caplog):
     """A parallel branch raises while the handler is still starting its sibling's run (a slow
     ``on_chain_start``, as a tracer's network call can be): that run must be ended with the

@@ -70,6 +70,23 @@ async def _whole(call: Any) -> tuple[Any, bool]:
         return await future, True
 
 
+class HandlerRaised(Exception):
+    """A callback handler raised out of LangChain's callback manager, which lets only a
+    ``raise_error`` handler's exception through (``error``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+async def _handlers(call: Any) -> Any:
+    """Await a callback manager's call; what its handlers raised comes as :class:`HandlerRaised`."""
+    try:
+        return await call
+    except Exception as exc:
+        raise HandlerRaised(exc) from exc
+
+
 def listening(config: RunnableConfig) -> bool:
     """Someone hears the call's runs: a handler of its callbacks, or one LangChain's configure
     hooks add to every run (``collect_runs``, LangSmith tracing)."""
@@ -105,6 +122,7 @@ class RunTree:
         self._open: dict[int | None, Any] = {}  # run -> its run manager, between start and end (in start order)
         self._opened_by: dict[str, Any] = {}  # primitive -> the run manager it opened, until a primitive reads it
         self._tasks: list[asyncio.Task[None]] = []
+        self._failure: Exception | None = None  # what a ``raise_error`` handler raised: the call raises it
 
     # -- the observer ------------------------------------------------------------------------
     def start(self, inputs: Mapping[str, Any]) -> None:
@@ -130,6 +148,7 @@ class RunTree:
             self._tasks.append(loop.create_task(self._guarded(run.id, report), name=f"run:{run.name}"))
 
     async def entering(self, prim: Primitive) -> None:
+        self._raise_failure()
         if prim.op not in REPORTING_OPS:
             return
         run = self.scopes.nodes.get(prim.name)
@@ -140,6 +159,7 @@ class RunTree:
         parent = None if run is None else self.scopes.reporter_of(run)
         if parent is not None or self.own is not None:  # else the context already is the chain's run's
             var_child_runnable_config.set(await _shared(self._started[parent]))
+        self._raise_failure()
 
     def produced(self, prim: Primitive, outputs: Mapping[str, Any]) -> None:
         if prim.attrs.get("opens_run") and outputs.get("run") is not None:
@@ -161,6 +181,8 @@ class RunTree:
             done, pending = await asyncio.wait(self._tasks, timeout=FINISH_WAIT_S) if self._tasks else (set(), set())
             if pending:
                 log.warning("callback runs %s did not end with the graph run", sorted(t.get_name() for t in pending))
+        if error is None and self._failure is not None:  # the graph's work was done; plain's call raised
+            error = self._failure
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -181,6 +203,15 @@ class RunTree:
                 await in_framework_thread(manager.on_retriever_error if retriever else manager.on_chain_error, error)
         self._open.clear()
         self._opened_by.clear()
+        if error is not None and error is self._failure:
+            raise self._failure
+
+    def _raise_failure(self) -> None:
+        """A ``raise_error`` handler raised while a run was reported: the call fails with its
+        exception, as plain's does where the handler's callback fires (work already started on
+        the engines for other steps runs on, as after any failure)."""
+        if self._failure is not None:
+            raise self._failure
 
     # -- runs ----------------------------------------------------------------------------------
     def _future(self, ref: Ref) -> asyncio.Future[Any]:
@@ -190,17 +221,23 @@ class RunTree:
         return future
 
     async def _guarded(self, run: int | None, report: Any) -> None:
-        """A run's reporting; if it fails (a handler that raises), the graph runs on: what
-        waits for the run is let go, under the chain's run."""
+        """A run's reporting. A handler that LangChain lets raise (``raise_error = True``: its
+        callback manager swallows the others' errors) fails the call with its exception, as it
+        fails plain's; another failure is logged and the graph runs on. Either way what waits
+        for the run is let go, under the chain's run, so nothing hangs."""
         try:
             await report
-        except Exception:  # noqa: BLE001 - callbacks must never stop or hang the query
+            return
+        except HandlerRaised as raised:
+            if self._failure is None:
+                self._failure = raised.error
+        except Exception:  # noqa: BLE001 - callbacks must never hang the query
             log.warning("reporting the callback run %s failed", run, exc_info=True)
-            started, ended = self._started.get(run), self._ended.get(run) if run is not None else None
-            if started is not None and not started.done():
-                started.set_result(self.config)
-            if ended is not None and not ended.done():
-                ended.set_result(None)
+        started, ended = self._started.get(run), self._ended.get(run) if run is not None else None
+        if started is not None and not started.done():
+            started.set_result(self.config)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
     @staticmethod
     def _tagged(config: RunnableConfig, tag: str | None) -> RunnableConfig:
@@ -220,9 +257,11 @@ class RunTree:
         handle = await self._start(run.id, config, run.bound, run.tag, run.name, run.kind, input)
         output = await self._inside_done(run)
         end = handle.on_retriever_end if run.kind == "retriever" else handle.on_chain_end
-        _, cancelled = await _whole(in_framework_thread(end, output))
-        del self._open[run.id]  # ended: the graph run's failure must not error it as well
-        self._ended[run.id].set_result(None)
+        try:
+            _, cancelled = await _whole(_handlers(in_framework_thread(end, output)))
+        finally:  # ended (or its end's handler raised, after which plain errors it no more either)
+            del self._open[run.id]  # the graph run's failure must not error it as well
+            self._ended[run.id].set_result(None)
         if cancelled:
             raise asyncio.CancelledError
 
@@ -240,7 +279,7 @@ class RunTree:
         else:
             run_type = kind if kind in ("parser", "prompt") else None
             call = in_framework_thread(manager.on_chain_start, None, input, name=name, run_type=run_type)
-        handle, cancelled = await _whole(call)
+        handle, cancelled = await _whole(_handlers(call))
         self._open[run] = handle  # started: ``finish`` ends it with the graph run's error
         self._started[run].set_result(patch_config(config, callbacks=handle.get_child()))
         if cancelled:
