@@ -218,9 +218,11 @@ def test_graph_and_explain_show_primitives_and_opaque_components(chat, retriever
     prompt = ChatPromptTemplate.from_template(QA_TEMPLATE)
     chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | StrOutputParser()
     fast = TeolaRunnable(chain, runtime=runtime)
-    mermaid = fast.get_graph().draw_mermaid()
+    mermaid = fast.primitive_graph().draw_mermaid()
     for primitive in ("embed", "vector_search", "format", "llm_prefill", "llm_decode", "format_docs"):
         assert primitive in mermaid
+    # get_graph is the chain's own, as plain's (its components, not Teola's primitives)
+    assert fast.get_graph().draw_mermaid() == chain.get_graph().draw_mermaid()
     explanation = fast.explain()
     assert "prune_dependencies" in explanation
     assert "format_docs" in explanation and "user function" in explanation

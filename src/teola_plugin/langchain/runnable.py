@@ -156,15 +156,14 @@ class TeolaRunnable(RunnableSerializable[Any, Any]):
         return self._plan_for_inspection(input).explain()
 
     def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Graph:
-        """The optimized primitive graph as a LangChain Graph (``draw_mermaid()`` etc.); a
-        chain that runs as it is (a LangGraph graph) draws its own graph, as plain, and so
-        does a call with the chain's own options (LangGraph's ``xray``)."""
-        if kwargs:
-            return self.chain.get_graph(config, **kwargs)
-        plan = self._plan_for_inspection(None)
-        if not plan.uses_engines and self.timeout_s is None:
-            return self.chain.get_graph(config)
-        return to_langchain_graph(plan.graph)
+        """The chain's own graph, as plain's ``get_graph`` (code that inspects or draws a chain,
+        a server's playground, sees its components); what runs: :meth:`primitive_graph`."""
+        return self.chain.get_graph(config, **kwargs)
+
+    def primitive_graph(self, input: Any | None = None) -> Graph:
+        """The optimized primitive graph Teola runs for ``input`` (None: the chain traced without
+        one) as a LangChain Graph: ``draw_mermaid()``, ``draw_png()``."""
+        return to_langchain_graph(self._plan_for_inspection(input).graph)
 
     # -- schemas: the chain's ------------------------------------------------------------
     @property
