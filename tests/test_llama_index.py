@@ -318,28 +318,47 @@ def test_a_synthesis_over_no_nodes_reports_no_synthesize_callback_event_as_plain
 @pytest.mark.parametrize("mode", ["compact_accumulate", "compact", "tree_summarize"])
 def test_a_lowered_querys_spans_nest_as_plains(runtime, index, llm, executor, mode, async_):
     """A span handler alone (no event handler, no callback): every span plain opens, under
-    the span plain opens it in. The query embedding's ``get_query_embedding`` spans under the
-    retriever's ``_retrieve`` (they were missing without an event handler); the packing's
-    ``split_text`` under ``get_response`` (the synthesis is planned in it at run time; it was
-    under ``synthesize``). ``CompactAndAccumulate.get_response`` repacks the texts once, then
-    each packed chunk for its call: as many ``split_text`` spans as plain's."""
+    the span plain opens it in, exiting with what plain's method returns. The query
+    embedding's ``get_query_embedding`` spans under the retriever's ``_retrieve`` (they were
+    missing without an event handler); the packing's ``split_text`` under ``get_response``
+    (the synthesis is planned in it at run time; it was under ``synthesize``); the model's
+    ``chat`` / ``complete`` returning its response, ``predict`` and ``get_response`` the text,
+    the embedding its list of floats (they exited with None); a model whose ``chat`` override
+    does not call ``super()`` (``TeolaLLM``) opens one ``chat`` span, not two.
+    ``CompactAndAccumulate.get_response`` repacks the texts once, then each packed chunk for
+    its call: as many ``split_text`` spans."""
     import re
     from collections import Counter
 
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 
-    spans = SimpleSpanHandler()
+    results: list[tuple[str | None, Any]] = []  # (span, what it exited with)
+
+    class Results(SimpleSpanHandler):
+        def prepare_to_exit_span(self, id_, bound_args, instance=None, result=None, **kwargs):
+            results.append((name(id_), described(result)))
+            return super().prepare_to_exit_span(id_, bound_args, instance=instance, result=result, **kwargs)
+
+    def described(result: Any) -> Any:
+        if isinstance(result, list):
+            return "list", len(result), tuple(sorted({type(x).__name__ for x in result}))
+        text = getattr(result, "text", None) or getattr(getattr(result, "message", None), "content", None)
+        return type(result).__name__, text if text is not None else str(result)[:200]
+
+    spans = Results()
     get_dispatcher().add_span_handler(spans)
     query_engine = index.as_query_engine(llm=llm, similarity_top_k=3, response_mode=mode)
 
     def name(span_id: str | None) -> str | None:
         return None if span_id is None else re.sub(r"-[0-9a-f-]{36}$", "", span_id)
 
-    def nested(query) -> tuple[str, Counter]:
+    def nested(query) -> tuple[str, Counter, Counter]:
         spans.completed_spans.clear()
+        results.clear()
         answer = str(asyncio.run(query(QUESTIONS[0])) if async_ else query(QUESTIONS[0]))
-        return answer, Counter((name(s.id_), name(s.parent_id)) for s in spans.completed_spans)
+        return (answer, Counter((name(s.id_), name(s.parent_id)) for s in spans.completed_spans),
+                Counter(results))
 
     try:
         plain = nested(query_engine.aquery if async_ else query_engine.query)
@@ -347,13 +366,19 @@ def test_a_lowered_querys_spans_nest_as_plains(runtime, index, llm, executor, mo
         teola = nested(lambda q: executor.aquery(query_engine, q) if async_ else executor.query(query_engine, q))
     finally:
         get_dispatcher().span_handlers.remove(spans)
-    assert teola == plain
+    assert teola[0] == plain[0]
+    assert teola[1] == plain[1], (teola[1] - plain[1], plain[1] - teola[1])
+    assert teola[2] == plain[2], (teola[2] - plain[2], plain[2] - teola[2])
     get_response = ("aget_response" if async_ else "get_response")
     retrieve = ("_aretrieve" if async_ else "_retrieve")
     embedding = ("aget_query_embedding" if async_ else "get_query_embedding")
     splits = {parent: n for (span, parent), n in plain[1].items() if span == "TokenTextSplitter.split_text"}
     assert splits and all(parent.endswith(get_response) for parent in splits), splits
     assert plain[1][(f"TeolaEmbedding.{embedding}", f"VectorIndexRetriever.{retrieve}")] == 1
+    returned = {span: result[0] for span, result in plain[2]}  # the types, where plain's spans exit
+    synthesizer = type(query_engine._response_synthesizer).__name__
+    assert returned[f"TeolaEmbedding.{embedding}"] == "list" and returned[f"{synthesizer}.{get_response}"] == "str"
+    assert returned[f"RecordingLLM.{'apredict' if async_ else 'predict'}"] == "str"
     if mode == "compact_accumulate":
         assert sum(splits.values()) >= 2  # the texts once, then each packed chunk for its call
 

@@ -187,21 +187,19 @@ def test_an_answer_the_executor_computes_opens_plains_get_response_spans_and_eve
     from llama_index.core import get_response_synthesizer
     from llama_index.core.llms import MockLLM
 
-    from teola_plugin.llama_index.executor import PlannedAnswer
+    from teola_plugin.llama_index.executor import AnswerPacking, PlannedAnswer
 
     synth = get_response_synthesizer(llm=MockLLM(max_tokens=4), response_mode=mode)
     chunks = ["The Louvre is in Paris.", "Big Ben is in London."]
-    planner = SynthesisPlanner(synth, synth._llm, None, lambda graph: graph)
-    refined = planner.refine_chunks("Where?", chunks)
-    handed = planner.handed_on("Where?", chunks, refined)
+    packing = AnswerPacking(SynthesisPlanner(synth, synth._llm, None, lambda graph: graph), "Where?", chunks)
     if async_:
         async def answer() -> str:
             return "answer"
-        planned = PlannedAnswer(answer, refined, handed)
+        planned = PlannedAnswer(answer, packing)
         plain = record(recorded, lambda: asyncio.run(synth.aget_response("Where?", chunks)))
         teola = record(recorded, lambda: asyncio.run(instrumentation.aanswered(synth, "Where?", chunks, planned)))
     else:
-        planned = PlannedAnswer(lambda: "answer", refined, handed)
+        planned = PlannedAnswer(lambda: "answer", packing)
         plain = record(recorded, lambda: synth.get_response("Where?", chunks))
         teola = record(recorded, lambda: instrumentation.answered(synth, "Where?", chunks, planned))
     assert teola[0] == "answer"

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from llama_index.core.base.embeddings import base as embeddings_base
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.instrumentation.events.embedding import EmbeddingEndEvent, EmbeddingStartEvent
@@ -56,33 +58,37 @@ class EmbedEvents:
         described = model_dict(model)
         start = 0
         for size in sizes if sizes is not None else [1] * len(texts):
-            chunks, embeddings = list(texts[start:start + size]), [list(v) for v in vectors[start:start + size]]
+            # as the model returns them: lists of Python floats (the engine's float32 values, exactly)
+            chunks = list(texts[start:start + size])
+            embeddings = [np.asarray(v).tolist() for v in vectors[start:start + size]]
             start += size
             # a query string's events in the span of its ``get_query_embedding``
             # (``aget_query_embedding``), around the model's own, which ran on the engine
             query = sizes is None
             outer = ("aget_query_embedding" if async_ else "get_query_embedding") if query else None
-            with instant_span(model, outer, args=lambda v: {"query": chunks[0]}) if outer else contextlib.nullcontext():
+            vector = embeddings[0] if query else None  # what get_query_embedding returns
+            with (instant_span(model, outer, args=lambda v: {"query": chunks[0]}, result=vector) if outer
+                  else contextlib.nullcontext()):
                 embeddings_base.dispatcher.event(EmbeddingStartEvent(model_dict=described))
                 with model.callback_manager.event(CBEventType.EMBEDDING,
                                                   payload={EventPayload.SERIALIZED: described}) as event:
                     if query:
-                        self._model_spans(chunks[0], async_)
+                        self._model_spans(chunks[0], vector, async_)
                     event.on_end(payload={EventPayload.CHUNKS: chunks, EventPayload.EMBEDDINGS: embeddings})
                 embeddings_base.dispatcher.event(EmbeddingEndEvent(chunks=chunks, embeddings=embeddings))
 
-    def _model_spans(self, query: str, async_: bool) -> None:
+    def _model_spans(self, query: str, vector: list[float], async_: bool) -> None:
         """The model's own ``_get_query_embedding`` span (async: ``_aget_query_embedding``'s,
-        around the sync one's where it calls it, as HuggingFaceEmbedding's does)."""
+        around the sync one's where it calls it, as HuggingFaceEmbedding's does), returning ``vector``."""
         model = self.embed_model
         args = lambda v: {"query": query}  # noqa: E731
         if not async_:
-            with instant_span(model, "_get_query_embedding", args=args):
+            with instant_span(model, "_get_query_embedding", args=args, result=vector):
                 return
         own = inspect.unwrap(getattr(type(model), "_aget_query_embedding"))
-        with instant_span(model, "_aget_query_embedding", args=args):
+        with instant_span(model, "_aget_query_embedding", args=args, result=vector):
             if "_get_query_embedding" in getattr(getattr(own, "__code__", None), "co_names", ()):
-                with instant_span(model, "_get_query_embedding", args=args):
+                with instant_span(model, "_get_query_embedding", args=args, result=vector):
                     pass
 
     def add_step(self, graph: PGraph, texts: Ref, vectors: Ref, origin: str, query: Ref | None = None,

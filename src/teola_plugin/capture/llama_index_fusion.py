@@ -41,7 +41,7 @@ from .llama_index import (
     lowering_rule,
 )
 from .llama_index_embed_events import EmbedEvents
-from .llama_index_llm_events import CompleteEvents
+from .llama_index_llm_events import CompleteEvents, model_reply
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
 from .llama_index_span_events import retrieve_events
@@ -89,10 +89,14 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
                      attrs={"render": framework_call(prompt)}, origin=origin).out()
     est_tokens = len(fusion.query_gen_prompt) // CHARS_PER_TOKEN + 16
     outer_span, inner_spans = model_call_spans(tr.spans.span, fusion._llm, "complete")  # the model's own spans
-    with outer_span:
-        with inner_spans:
+    with outer_span as outer:
+        with inner_spans as inners:
             decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
                                    est_items=fusion.num_queries - 1)
+        for span in (outer, *inners):  # each returns the model's CompletionResponse
+            if span is not None:
+                span.result = lambda values: model_reply(fusion._llm, False, values(decode.out("text")),
+                                                         values(decode.out("response")))
         events = CompleteEvents.of(fusion._llm, prompt_text)
         if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
             events.add_steps(tr.graph, {"query": tr.query}, decode, origin)
@@ -168,12 +172,12 @@ def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithSc
     outer, inner = ("aretrieve", "_aretrieve") if async_ else ("retrieve", "_retrieve")
     events, known = retrieve_events(retriever, _QUERY), lambda ref: query
     embedded = EmbedEvents.of(retriever._embed_model) if vector is not None else None
-    with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}):
+    with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}) as returned:
         state = events.start(known)
-        with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}):
+        with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}, result=found):
             if embedded is not None:  # its search ran in the graph; its embedding is reported here
                 embedded.report([query.query_str], [vector], async_=async_)
-        nodes = retriever._handle_recursive_retrieval(query, found)
+        nodes = returned.result = retriever._handle_recursive_retrieval(query, found)
         events.end(state, nodes, known)
     return nodes
 

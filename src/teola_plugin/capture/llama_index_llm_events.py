@@ -311,17 +311,13 @@ class LLMEvents:
         if streamed:  # a streamed call's chunks: plain's last response carries the last one, and its delta
             response = response[-1] if response else None
             delta = _last_delta(response, self.chat)
-        counts = getattr(llm, "_get_response_token_counts", None)
-        extra = counts(response) if counts is not None and response is not None else {}
+        reply = model_reply(llm, self.chat, text, response, delta)
         if self.chat:
-            reply = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), raw=response,
-                                 delta=delta, additional_kwargs=extra)
             manager.on_event_end(CBEventType.LLM, payload={EventPayload.MESSAGES: started.sent,
                                                            EventPayload.RESPONSE: reply}, event_id=started.event_id)
             llm_callbacks.dispatcher.event(LLMChatEndEvent(messages=started.sent, response=reply,
                                                            span_id=started.span_id))
         else:
-            reply = CompletionResponse(text=text, raw=response, delta=delta, additional_kwargs=extra)
             manager.on_event_end(CBEventType.LLM, payload={EventPayload.PROMPT: started.sent,
                                                            EventPayload.COMPLETION: reply}, event_id=started.event_id)
             llm_callbacks.dispatcher.event(LLMCompletionEndEvent(prompt=started.sent, response=reply,
@@ -329,6 +325,18 @@ class LLMEvents:
         if not streamed and self.predicts:  # LLM.stream fires no predict end: its tokens are the caller's to read
             llm_module.dispatcher.event(LLMPredictEndEvent(output=llm._parse_output(text),
                                                            span_id=started.predict_span_id))
+
+
+def model_reply(llm: Any, chat: bool, text: str, raw: Any, delta: str | None = None
+                ) -> ChatResponse | CompletionResponse:
+    """What the model's ``chat`` (``complete``) returns for a reply with this text: the server's
+    response as ``raw``, its token counts as the OpenAI classes count them."""
+    counts = getattr(llm, "_get_response_token_counts", None)
+    extra = counts(raw) if counts is not None and raw is not None else {}
+    if chat:
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), raw=raw, delta=delta,
+                            additional_kwargs=extra)
+    return CompletionResponse(text=text, raw=raw, delta=delta, additional_kwargs=extra)
 
 
 class CompleteEvents(LLMEvents):

@@ -45,7 +45,7 @@ from ..ir.node import Ref
 from ..ir.ops import Op
 from .llama_index import POSTPROCESSOR_RULES, LlamaIndexTracer, NotLowerable, lowering_rule
 from .llama_index_models import llm_call_spec
-from .llama_index_spans import SpanPlan
+from .llama_index_spans import SpanPlan, span_in_building, unspanned
 from .llama_index_synthesis import cpu_step, llm_call
 from .lowerable import LLMCallSpec
 from .vllm_identity import same_model
@@ -76,17 +76,22 @@ class LLMRerankPlanner:
         origin = type(rerank).__name__
         graph = PGraph(origin)
         plan = SpanPlan(graph)
-        with plan.building():  # each call reports its predict / chat spans with their events, as plain's
-            answers = [llm_call(graph, rerank.llm, self.spec, rerank.choice_select_prompt,
-                                rerank._get_predict_kwargs(batch, query.query_str), origin)
-                       for batch in rerank._get_node_batches(nodes)]
 
         def reranked(**out: str) -> list[NodeWithScore]:
             replay = _RerankReplay(rerank, [out[f"a{i}"] for i in range(len(answers))])
-            return type(rerank)._postprocess_nodes(replay, nodes, query)
+            return unspanned(rerank, "_postprocess_nodes", bound_to=replay)(nodes, query)
 
-        graph.output("out", cpu_step(graph, "reranked", reranked, {f"a{i}": a for i, a in enumerate(answers)},
-                                     origin))
+        # each call reports its predict / chat spans with their events inside the reranker's
+        # _postprocess_nodes span, as plain's (its async path opens none)
+        with plan.building(), span_in_building(rerank, "_postprocess_nodes",
+                                               args=lambda v: {"nodes": nodes, "query_bundle": query}) as span:
+            answers = [llm_call(graph, rerank.llm, self.spec, rerank.choice_select_prompt,
+                                rerank._get_predict_kwargs(batch, query.query_str), origin)
+                       for batch in rerank._get_node_batches(nodes)]
+            out = cpu_step(graph, "reranked", reranked, {f"a{i}": a for i, a in enumerate(answers)}, origin)
+        if span is not None:
+            span.result = out
+        graph.output("out", out)
         return plan.expansion(self.prepare(graph))
 
 

@@ -45,9 +45,11 @@ class PredictAndParse:
         graph = PGraph(f"{self.origin}_predict")
         plan = SpanPlan(graph)  # the spans of the component's method and of the predict, as plain's
         with plan.building(), (span_in_building(*self.within, args=lambda v: {"query_bundle": query})
-                               if self.within else contextlib.nullcontext()):
+                               if self.within else contextlib.nullcontext()) as within:
             text = llm_call(graph, self.llm, self.spec, self.prompt, self.args(query), self.origin)
             parsed = graph.add(Op.OPAQUE, name="parse", inputs={"text": text}, origin=self.origin,
                                attrs={"fn": self.parse, "pure": True})
+        if within is not None:  # the component's method returns what it parsed
+            within.result = parsed.out()
         graph.output("out", parsed.out())
         return plan.expansion(self.prepare(graph))

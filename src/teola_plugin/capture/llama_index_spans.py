@@ -54,8 +54,9 @@ Values = Callable[[Ref], Any]  # a run's value of a graph ref (None until known)
 @dataclass(eq=False)
 class FrameworkSpan:
     """One span plain LlamaIndex opens: ``instance.method``, named ``<Class>.<method>-<uuid>``
-    on ``dispatcher``. ``args(values)``: its call's arguments; ``result``: the ref of what the
-    method returns; ``events``: the start / end events it fires (``start(values) -> state``,
+    on ``dispatcher``. ``args(values)``: its call's arguments; ``result``: what the method
+    returns, as span handlers hear it when it exits (a ref, or a function of the run's values
+    building the framework's object); ``events``: the start / end events it fires (``start(values) -> state``,
     ``end(state, result, values)``, ``failed(state, exc)``: ``llama_index_span_events.py``);
     ``label``: how code firing an event of it finds it (:func:`span_id_of`)."""
 
@@ -65,7 +66,7 @@ class FrameworkSpan:
     args: Callable[[Values], Mapping[str, Any]] = lambda values: {}
     parent: FrameworkSpan | None = None
     events: Any = None
-    result: Ref | None = None
+    result: Ref | Callable[[Values], Any] | None = None
     label: str = ""
     awaited: bool = False  # plain awaits it even in a sync call (a fusion's ``use_async`` retrievals)
     entered: EnteredSpan | None = None  # entered while its graph was built (:meth:`SpanPlan.span`)
@@ -235,7 +236,8 @@ def span_in_building(instance: Any, method: str, **kwargs: Any) -> contextlib.Ab
 
 def nested_depth(instance: Any, method: str) -> int:
     """How many ``instance.method`` spans plain nests: one per class down its MRO that
-    defines the method instrumented (an override calling ``super()``: ``OpenAILike.chat``)."""
+    defines the method instrumented, as long as each override calls ``super()``
+    (``OpenAILike.chat``; ``TeolaLLM.chat`` does not: one span)."""
     depth = 0
     for cls in type(instance).__mro__:
         own = cls.__dict__.get(method)
@@ -244,6 +246,9 @@ def nested_depth(instance: Any, method: str) -> int:
         if not getattr(own, "__dispatcher_span_decorated__", False):
             break
         depth += 1
+        code = getattr(inspect.unwrap(own), "__code__", None)
+        if code is None or "__class__" not in code.co_freevars:  # no zero-argument super(): the last
+            break
     return depth
 
 
@@ -260,11 +265,9 @@ def model_call_spans(open_span: Callable[..., Any], llm: Any, method: str) -> tu
     ``complete``): its outermost span, where its events fire (label ``llm``), and inside it the
     spans of the instrumented overrides it calls (:func:`nested_depth`), where the engine call sits."""
     @contextlib.contextmanager
-    def inner() -> Iterator[None]:
+    def inner() -> Iterator[list[Any]]:
         with contextlib.ExitStack() as overrides:
-            for _ in range(nested_depth(llm, method) - 1):
-                overrides.enter_context(open_span(llm, method))
-            yield
+            yield [overrides.enter_context(open_span(llm, method)) for _ in range(nested_depth(llm, method) - 1)]
 
     return open_span(llm, method, label="llm"), inner()
 
@@ -460,7 +463,8 @@ class SpanRun:
     def _close(self, opened: _Opened) -> None:
         opened.closed = True
         span = opened.span
-        result = self._value(span.result) if span.result is not None else None
+        result = (None if span.result is None else span.result(self._value) if callable(span.result)
+                  else self._value(span.result))
         if span.events is not None:
             with _active(opened), _reporting(span, "end"):
                 span.events.end(opened.state, result, self._value)
@@ -510,14 +514,15 @@ def _active(opened: _Opened) -> Iterator[None]:
 
 @contextlib.contextmanager
 def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping[str, Any]] = lambda values: {},
-                 events: Any = None) -> Iterator[None]:
+                 events: Any = None, result: Any = None) -> Iterator[Returned]:
     """``instance.method``'s span (with its ``events``, as :meth:`SpanPlan.span` takes them) around
     what is reported after the fact (an embedding Teola's engine ran; a streaming synthesis's
     ``get_response``, which plain returns before any token is read): opened and closed where it
-    runs, nested in the active span; no span when LlamaIndex does not instrument that method."""
+    runs, nested in the active span, exiting with ``result`` (or what the block sets as the
+    yielded record's ``result``); no span when LlamaIndex does not instrument that method."""
     dispatcher = dispatcher_of(instance, method)
     if dispatcher is None:
-        yield
+        yield Returned(result)
         return
     known: Values = lambda ref: None  # noqa: E731  (nothing of a graph run: the args are literal)
     try:
@@ -528,11 +533,19 @@ def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping
     tags = active_instrument_tags.get() if active_instrument_tags is not None else None
     dispatcher.span_enter(id_=id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(), tags=tags)
     token = active_span_id.set(id_)
+    returned = Returned(result)
     try:
         state = events.start(known) if events is not None else None
-        yield
+        yield returned
         if events is not None:
             events.end(state, None, known)
     finally:
         active_span_id.reset(token)
-        dispatcher.span_exit(id_=id_, bound_args=bound, instance=instance, result=None)
+        dispatcher.span_exit(id_=id_, bound_args=bound, instance=instance, result=returned.result)
+
+
+@dataclass
+class Returned:
+    """What an :func:`instant_span`'s method returns, when known only inside it."""
+
+    result: Any = None

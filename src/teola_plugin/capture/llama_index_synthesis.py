@@ -35,6 +35,7 @@ from llama_index.core.prompts.prompt_utils import get_biggest_prompt
 from llama_index.core.response_synthesizers import (Accumulate, CompactAndRefine, Generation, Refine,
                                                     SimpleSummarize, TreeSummarize)
 from llama_index.core.response_synthesizers.compact_and_accumulate import CompactAndAccumulate
+from llama_index.core.response_synthesizers.refine import StructuredRefineResponse
 from llama_index.core.utils import temp_set_attrs
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
@@ -44,7 +45,7 @@ from ..ir.ops import Op
 from ..ir.semantics import CHARS_PER_TOKEN
 from ..ir.expansion import Expansion
 from .llama_index import framework_call
-from .llama_index_llm_events import LLMEvents
+from .llama_index_llm_events import LLMEvents, model_reply
 from .llama_index_span_events import GetResponseEvents
 from .llama_index_spans import SpanPlan, instant_span, model_call_spans, span_in_building
 from .llm_calls import emit_llm_call
@@ -153,10 +154,13 @@ class SynthesisPlanner:
         graph = PGraph(f"{type(synth).__name__}")
         plan = SpanPlan(graph)
         # a streaming synthesis's get_response spans close before its run (get_response_reported)
-        spans = (self._get_response_spans(query.query_str, texts) if not self.streaming
+        opened: list[Any] = []  # the get_response spans, which return the answer text
+        spans = (self._get_response_spans(query.query_str, texts, opened=opened) if not self.streaming
                  else contextlib.nullcontext(refine_chunks))
         with plan.building(), spans as chunks:
             self._answer(graph, query.query_str, texts, chunks)
+        for span in opened:
+            span.result = graph.outputs["out"]
         if not self.streaming:
             sources = list(nodes) + list(additional_source_nodes)
             response = graph.add(Op.OPAQUE, name="response", inputs={"text": graph.outputs["out"]},
@@ -176,23 +180,27 @@ class SynthesisPlanner:
 
     @contextlib.contextmanager
     def _get_response_spans(self, query_str: str, texts: list[str], open_span: Callable[..., Any] = _entered_span,
-                            method: str = "get_response") -> Iterator[list[str] | None]:
+                            method: str = "get_response", opened: list[Any] | None = None
+                            ) -> Iterator[list[str] | None]:
         """The ``get_response`` spans ``synthesize`` opens (a compacting synthesizer's own around
         its parent's over the texts it hands on; a refine's with its events), by ``open_span``
         (the plan's, entered now, or one reported at once); yields the chunks the calls go over
         when it computed them (a refine's; a compact accumulate's repacked texts, packed once
-        as plain's). The packing runs inside them, where plain's does (its ``split_text`` spans)."""
+        as plain's). The packing runs inside them, where plain's does (its ``split_text`` spans).
+        ``opened``: collects the plan's spans (their result is the answer, once it is built)."""
         synth = self.synthesizer
+        spans = opened if opened is not None else []
         with contextlib.ExitStack() as stack:
             if isinstance(synth, (CompactAndRefine, CompactAndAccumulate)):  # handed on to its parent class's
-                stack.enter_context(open_span(
-                    synth, method, args=lambda v: {"query_str": query_str, "text_chunks": texts}))
+                spans.append(stack.enter_context(open_span(
+                    synth, method, args=lambda v: {"query_str": query_str, "text_chunks": texts})))
             chunks = self.refine_chunks(query_str, texts)
             handed = self.handed_on(query_str, texts, chunks)
             events = GetResponseEvents(query_str, chunks) if chunks is not None else None
             inner = handed if handed is not None else texts
-            stack.enter_context(open_span(
-                synth, method, events=events, args=lambda v: {"query_str": query_str, "text_chunks": inner}))
+            spans.append(stack.enter_context(open_span(
+                synth, method, events=events, args=lambda v: {"query_str": query_str, "text_chunks": inner})))
+            spans[:] = [span for span in spans if span is not None]
             yield chunks if chunks is not None else handed
 
     def handed_on(self, query_str: str, texts: list[str], refine_chunks: list[str] | None = None
@@ -336,8 +344,11 @@ class TreeLevels:
         plan = SpanPlan(graph)
         synth = self.planner.synthesizer
         with plan.building(), _entered_span(synth, "get_response",
-                                            args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}):
+                                            args=lambda v: {"query_str": self.query_str, "text_chunks": summaries}
+                                            ) as span:
             graph.output("out", self.build(graph, summaries))
+        if span is not None:
+            span.result = graph.outputs["out"]
         return plan.expansion(self.planner.prepare(graph))
 
 
@@ -411,20 +422,20 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
     chat = bool(llm.metadata.is_chat_model)
     inner = ("stream_chat" if streamed else "chat") if chat else ("stream_complete" if streamed else "complete")
     with contextlib.ExitStack() as spans:
-        if program is not None:
-            spans.enter_context(span_in_building(program, "__call__", args=lambda v: dict(prompt_args)))
-        spans.enter_context(span_in_building(llm, "stream" if streamed else "predict", label="predict",
-                                             args=lambda v: {"prompt": template, **prompt_args}))
+        program_span = (spans.enter_context(span_in_building(program, "__call__", args=lambda v: dict(prompt_args)))
+                        if program is not None else None)
+        predict_span = spans.enter_context(span_in_building(llm, "stream" if streamed else "predict", label="predict",
+                                                            args=lambda v: {"prompt": template, **prompt_args}))
         # a format the LLM's own code renders (its chat template, its request body)
         prompt = graph.add(Op.FORMAT, name=graph.unique_name("prompt"), origin=origin,
                            attrs={"render": framework_call(lambda: spec.to_engine_prompt(template, **prompt_args))})
         size = sum(len(str(v)) for v in prompt_args.values()) + len(template.get_template())
         outer_span, inner_spans = model_call_spans(span_in_building, llm, inner)
-        with outer_span:
+        with outer_span as outer:
             # the LLM's own callback / instrumentation events
             events = LLMEvents.of(llm, template, prompt_args, streamed)
             started = events.start_step(graph, {"prompt": prompt.out()}, origin) if events is not None else None
-            with inner_spans:  # a streamed call's start reports each chunk it hears
+            with inner_spans as inners:  # a streamed call's start reports each chunk it hears
                 decode = emit_llm_call(graph.add, prompt.out(), spec, origin, size // CHARS_PER_TOKEN,
                                        always_streamed=streamed,
                                        listener=started.out() if started is not None and streamed else None)
@@ -433,11 +444,28 @@ def llm_call(graph: PGraph, llm: Any, spec: LLMCallSpec, template: Any, prompt_a
                 reported = events.end_step(graph, started, decode, origin)
                 if not streamed:  # what reads the answer comes after the call's end, as after plain's predict
                     text = reported.out()
-        if spec.parse_output is None:
-            return text
-        parse = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text},
-                          origin=origin, attrs={"fn": framework_call(spec.parse_output), "pure": True})
-        return parse.out()
+        if spec.parse_output is not None:
+            text = graph.add(Op.OPAQUE, name=graph.unique_name("parse"), inputs={"text": text}, origin=origin,
+                             attrs={"fn": framework_call(spec.parse_output), "pure": True}).out()
+        if not streamed:  # what the spans' methods return (a stream's: a generator nobody holds)
+            _returning(decode, llm, chat, text, program_span, predict_span, outer, *inners)
+        return text
+
+
+def _returning(decode: Any, llm: Any, chat: bool, answer: Ref, program_span: Any, predict_span: Any,
+               *model_spans: Any) -> None:
+    """The results plain's spans of one call exit with: the model's ``chat`` / ``complete`` its
+    response, ``predict`` the answer, a refine program's ``__call__`` its structured response."""
+    def reply(values: Any) -> Any:
+        return model_reply(llm, chat, values(decode.out("text")), values(decode.out("response")))
+
+    for span in model_spans:
+        if span is not None:
+            span.result = reply
+    if predict_span is not None:
+        predict_span.result = answer
+    if program_span is not None:
+        program_span.result = lambda values: StructuredRefineResponse(answer=values(answer), query_satisfied=True)
 
 
 def final_answer(response: str | None) -> str:

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import queue
 import time
 import uuid
@@ -599,53 +600,74 @@ class TeolaExecutor:
             planner = synthesis_planner(self._trace_context(), synthesizer, needs)
         except NotLowerable:
             return None
-        chunks = planner.refine_chunks(query_str, list(text_chunks))  # compacted once, as plain does
-        handed = planner.handed_on(query_str, list(text_chunks), chunks)
-        # the chunks its calls go over, packed once as plain's get_response packs them
-        graph, spans = planner.answer_calls(query_str, list(text_chunks),
-                                            refine_chunks=chunks if chunks is not None else handed)
-        answer = Trace(graph, engines=needs)
+        packing = AnswerPacking(planner, query_str, list(text_chunks))
+
+        def calls() -> tuple[Trace, Any]:
+            # planned where it runs, inside plain's get_response spans: the packing's nest there
+            graph, spans = planner.answer_calls(query_str, packing.texts, refine_chunks=packing.calls_go_over())
+            return Trace(graph, engines=needs), spans.observer(graph, async_)
+
         if synthesizer._streaming:
             def stream() -> Any:  # called inside plain's get_response span (instrumentation.answered)
+                answer, observer = calls()
                 opened_in = contextvars.copy_context() if planner.streams_in_get_response else None
                 return self._token_stream(answer.graph, _new_query_id(), time.monotonic(), async_=async_,
-                                          engines=answer.engines, observer=spans.observer(graph, async_),
-                                          spans_opened_in=opened_in)
+                                          engines=answer.engines, observer=observer, spans_opened_in=opened_in)
 
             if not async_:
-                return PlannedAnswer(stream, chunks, handed)
+                return PlannedAnswer(stream, packing)
 
             async def astream() -> Any:
                 return stream()
-            return PlannedAnswer(astream, chunks, handed)
+            return PlannedAnswer(astream, packing)
         if async_:
             async def arun() -> Any:
-                return await self.runtime.run_async(self._run_answer(answer, _new_query_id(),
-                                                                     spans.observer(graph, True)))
-            return PlannedAnswer(arun, chunks, handed)
-        return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(answer, _new_query_id(),
-                                                                           spans.observer(graph, False))), chunks,
-                             handed)
+                return await self.runtime.run_async(self._run_answer(*calls()))
+            return PlannedAnswer(arun, packing)
+        return PlannedAnswer(lambda: self.runtime.run_sync(self._run_answer(*calls())), packing)
 
-    async def _run_answer(self, answer: Trace, query_id: str, observer: Any = None) -> Any:
+    async def _run_answer(self, answer: Trace, observer: Any = None) -> Any:
         """``observer``: the LLM calls' spans (inside plain's ``get_response`` ones, around this run)."""
-        self.last_query_id = query_id
+        self.last_query_id = query_id = _new_query_id()
         outputs = await self.runtime.execute(answer.graph, {}, query_id=query_id, timeout_s=self.timeout_s,
                                              engines=answer.engines, observer=observer)
         return outputs["out"]
 
 
+class AnswerPacking:
+    """The texts a synthesizer's ``get_response`` packs, packed once, when first asked (inside
+    the ``get_response`` span plain packs them in): ``handed_on``, what a compacting
+    synthesizer hands its parent class's ``get_response`` (None for the others); the chunks
+    the calls go over (a refine's, compacted for a compact refine; a compact accumulate's
+    repacked texts)."""
+
+    def __init__(self, planner: Any, query_str: str, texts: list[str]) -> None:
+        self.planner, self.query_str, self.texts = planner, query_str, texts
+
+    @functools.cached_property
+    def refine_chunks(self) -> list[str] | None:
+        return self.planner.refine_chunks(self.query_str, self.texts)
+
+    @functools.cached_property
+    def handed_on(self) -> list[str] | None:
+        return self.planner.handed_on(self.query_str, self.texts, self.refine_chunks)
+
+    def calls_go_over(self) -> list[str] | None:
+        return self.refine_chunks if self.refine_chunks is not None else self.handed_on
+
+
 @dataclasses.dataclass(frozen=True)
 class PlannedAnswer:
-    """A synthesizer's ``get_response`` traced for Teola's engines: ``run()`` computes it
-    (awaitable for ``aget_response``); ``refine_chunks``: the chunks a refine's loop goes over
-    (a compact refine's compacted), which plain's ``GetResponseStartEvent`` carries;
-    ``handed_on``: what a compacting synthesizer's ``get_response`` hands its parent class's
-    (its second span's texts; None for the others)."""
+    """A synthesizer's ``get_response`` found lowerable for Teola's engines: ``run()`` plans its
+    calls and computes it (awaitable for ``aget_response``), called inside plain's
+    ``get_response`` spans; ``packing``: its texts, packed where plain packs them."""
 
     run: Callable[[], Any]
-    refine_chunks: list[str] | None
-    handed_on: list[str] | None
+    packing: AnswerPacking
+
+    @property
+    def handed_on(self) -> list[str] | None:
+        return self.packing.handed_on
 
 
 _END = object()
