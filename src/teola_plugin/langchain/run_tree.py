@@ -70,7 +70,7 @@ async def _whole(call: Any) -> tuple[Any, bool]:
         return await future, True
 
 
-class HandlerRaised(Exception):
+class _HandlerRaised(Exception):
     """A callback handler raised out of LangChain's callback manager, which lets only a
     ``raise_error`` handler's exception through (``error``)."""
 
@@ -80,11 +80,11 @@ class HandlerRaised(Exception):
 
 
 async def _handlers(call: Any) -> Any:
-    """Await a callback manager's call; what its handlers raised comes as :class:`HandlerRaised`."""
+    """Await a callback manager's call; what its handlers raised comes as :class:`_HandlerRaised`."""
     try:
         return await call
     except Exception as exc:
-        raise HandlerRaised(exc) from exc
+        raise _HandlerRaised(exc) from exc
 
 
 def listening(config: RunnableConfig) -> bool:
@@ -228,7 +228,7 @@ class RunTree:
         try:
             await report
             return
-        except HandlerRaised as raised:
+        except _HandlerRaised as raised:
             if self._failure is None:
                 self._failure = raised.error
         except Exception:  # noqa: BLE001 - callbacks must never hang the query
