@@ -41,7 +41,7 @@ from .llama_index import (
     lowering_rule,
 )
 from .llama_index_embed_events import EmbedEvents
-from .llama_index_llm_events import CompleteEvents, model_reply
+from .llama_index_llm_events import CompleteEvents, reply_of
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
 from .llama_index_span_events import retrieve_events
@@ -95,8 +95,7 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
                                    est_items=fusion.num_queries - 1)
         for span in (outer, *inners):  # each returns the model's CompletionResponse
             if span is not None:
-                span.result = lambda values: model_reply(fusion._llm, False, values(decode.out("text")),
-                                                         values(decode.out("response")))
+                span.result = reply_of(fusion._llm, False, decode)
         events = CompleteEvents.of(fusion._llm, prompt_text)
         if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
             events.add_steps(tr.graph, {"query": tr.query}, decode, origin)
@@ -171,7 +170,7 @@ def reported_retrieve(retriever: Any, query: QueryBundle, found: list[NodeWithSc
     around its own last step on the graph's ``found`` nodes."""
     outer, inner = ("aretrieve", "_aretrieve") if async_ else ("retrieve", "_retrieve")
     events, known = retrieve_events(retriever, _QUERY), lambda ref: query
-    embedded = EmbedEvents.of(retriever._embed_model) if vector is not None else None
+    embedded = EmbedEvents(retriever._embed_model) if vector is not None else None  # traced as heard
     with instant_span(retriever, outer, args=lambda values: {"str_or_query_bundle": query}) as returned:
         state = events.start(known)
         with instant_span(retriever, inner, args=lambda values: {"query_bundle": query}, result=found):

@@ -339,6 +339,11 @@ def model_reply(llm: Any, chat: bool, text: str, raw: Any, delta: str | None = N
     return CompletionResponse(text=text, raw=raw, delta=delta, additional_kwargs=extra)
 
 
+def reply_of(llm: Any, chat: bool, decode: Primitive) -> Any:
+    """A model span's result: the response to ``decode``'s call, from a run's values."""
+    return lambda values: model_reply(llm, chat, values(decode.out("text")), values(decode.out("response")))
+
+
 class CompleteEvents(LLMEvents):
     """The events of a lowered ``llm.complete(prompt)`` itself (a query fusion's query
     generation): what ``complete``'s decorator fires, the completion events whatever the model

@@ -74,9 +74,10 @@ class FrameworkSpan:
 
 @dataclass(frozen=True)
 class EnteredSpan:
-    """A span reported as entered while its graph was built, by code that runs inside it at
-    build time in plain (a synthesizer packing its texts in its ``get_response``); the run's
-    :class:`SpanRun` takes it over and exits it when its primitives are done."""
+    """A span reported entered (:func:`_enter`). One entered while its graph was built, for code
+    that runs inside it at build time in plain (a synthesizer packing its texts in its
+    ``get_response``: ``FrameworkSpan.entered``), is taken over by the run's :class:`SpanRun`,
+    which exits it when its primitives are done."""
 
     id_: str
     bound_args: inspect.BoundArguments
@@ -91,7 +92,6 @@ class SpanPlan:
     members: dict[str, FrameworkSpan] = field(default_factory=dict)
     _open: list[FrameworkSpan] = field(default_factory=list)
     _awaited: bool = False
-    _entered_any: bool = False  # a span entered while building (:meth:`span`)
 
     @contextlib.contextmanager
     def span(self, instance: Any, method: str, *, reported: bool = True, entered: bool = False, **kwargs: Any
@@ -126,30 +126,19 @@ class SpanPlan:
     def _enter_now(self, span: FrameworkSpan) -> Iterator[None]:
         """Enter ``span`` now (its async method's where the running call is async) as the active
         one inside; dropped if building its graph fails (no run will exit it)."""
-        instance, method = span.instance, span.method
-        if (running_async() or span.awaited) and getattr(type(instance), async_name(method), None) is not None:
-            method = async_name(method)
+        instance = span.instance
+        method = _called(instance, span.method, running_async() or span.awaited)
         dispatcher = dispatcher_of(instance, method)
         if dispatcher is None:  # plain's async path opens no span here
             yield
             return
         known: Values = lambda ref: None  # noqa: E731  (args known while building are literal)
-        try:
-            bound = inspect.signature(getattr(instance, method)).bind_partial(**span.args(known))
-        except (TypeError, ValueError):
-            bound = _NO_ARGS
-        entered = EnteredSpan(f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, dispatcher)
-        tags = active_instrument_tags.get() if active_instrument_tags is not None else None
-        dispatcher.span_enter(id_=entered.id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(),
-                              tags=tags)
-        span.entered = entered
-        self._entered_any = True
+        entered = span.entered = _enter(dispatcher, instance, method, span.args(known), active_span_id.get())
         token = active_span_id.set(entered.id_)
         try:
             yield
         except BaseException as exc:
-            dispatcher.event(SpanDropEvent(span_id=entered.id_, err_str=str(exc)))
-            dispatcher.span_drop(id_=entered.id_, bound_args=bound, instance=instance, err=exc)
+            _report_drop(dispatcher, entered.id_, entered.bound_args, instance, exc)
             span.entered = None
             raise
         finally:
@@ -202,16 +191,20 @@ class SpanPlan:
         or to the callback events of a span's component)."""
         if not self.members:
             return None
-        if self._entered_any:  # its run exits them
-            return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
-        spans = {outer} if outer is not None else set()
+        spans = self.spans() | ({outer} if outer is not None else set())
+        entered = any(s.entered is not None for s in spans)  # its run exits them
+        if not entered and not observed() and not any(has_callbacks(s.instance) for s in spans if s.events is not None):
+            return None
+        return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
+
+    def spans(self) -> set[FrameworkSpan]:
+        """Every span of the plan: those its primitives stand for and the spans around them."""
+        spans: set[FrameworkSpan] = set()
         for span in set(self.members.values()):
             while span is not None:
                 spans.add(span)
                 span = span.parent
-        if not observed() and not any(has_callbacks(s.instance) for s in spans if s.events is not None):
-            return None
-        return SpanRun(self, graph, running_async() if async_ is None else async_, outer)
+        return spans
 
     def expansion(self, graph: PGraph) -> Expansion:
         """``graph`` (this plan's, prepared) as an expansion run reporting these spans."""
@@ -405,12 +398,7 @@ class SpanRun:
     # -- spans ------------------------------------------------------------------------------
     def _entered_unopened(self) -> list[FrameworkSpan]:
         """The plan's spans entered while it was built that the run has not opened."""
-        spans: set[FrameworkSpan] = set()
-        for span in self.plan.members.values():
-            while span is not None:
-                spans.add(span)
-                span = span.parent
-        return [s for s in spans if s.entered is not None and s not in self.opened]
+        return [s for s in self.plan.spans() if s.entered is not None and s not in self.opened]
 
     def _value(self, ref: Ref) -> Any:
         return self.values.get(ref)
@@ -433,24 +421,17 @@ class SpanRun:
             self._start_events(opened)
             return opened
         instance, method, dispatcher = span.instance, span.method, span.dispatcher
-        if (dispatcher is not None and (self.async_ or span.awaited)
-                and getattr(type(instance), async_name(method), None) is not None):
-            method = async_name(method)
+        if dispatcher is not None:
+            method = _called(instance, method, self.async_ or span.awaited)
             dispatcher = dispatcher_of(instance, method)
         if dispatcher is None:  # events only, or plain's async path opens no span here (a refine program's acall)
             opened = self.opened[span] = _Opened(span, parent_id, _NO_ARGS, parent, reported=False,
                                                  trace_stack=stack)
             self._start_events(opened)
             return opened
-        try:
-            bound = inspect.signature(getattr(instance, method)).bind_partial(**span.args(self._value))
-        except (TypeError, ValueError):
-            bound = _NO_ARGS
-        opened = _Opened(span, f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, parent,
-                         dispatcher=dispatcher, trace_stack=stack)
-        self.opened[span] = opened
-        tags = active_instrument_tags.get() if active_instrument_tags is not None else None
-        dispatcher.span_enter(id_=opened.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
+        entered = _enter(dispatcher, instance, method, span.args(self._value), parent_id)
+        opened = self.opened[span] = _Opened(span, entered.id_, entered.bound_args, parent, dispatcher=dispatcher,
+                                             trace_stack=stack)
         self._start_events(opened)
         return opened
 
@@ -484,9 +465,7 @@ class SpanRun:
                 span.events.failed(opened.state, error)
         if not opened.reported:
             return
-        opened.dispatcher.event(SpanDropEvent(span_id=opened.id_, err_str=str(error)))
-        opened.dispatcher.span_drop(id_=opened.id_, bound_args=opened.bound_args, instance=span.instance,
-                                    err=error)
+        _report_drop(opened.dispatcher, opened.id_, opened.bound_args, span.instance, error)
 
 
 @contextlib.contextmanager
@@ -512,6 +491,35 @@ def _active(opened: _Opened) -> Iterator[None]:
         active_span_id.reset(token)
 
 
+def _called(instance: Any, method: str, async_: bool) -> str:
+    """The method plain calls for ``method``: its async counterpart in an async call, where the
+    class has one."""
+    if async_ and getattr(type(instance), async_name(method), None) is not None:
+        return async_name(method)
+    return method
+
+
+def _enter(dispatcher: Any, instance: Any, method: str, args: Mapping[str, Any], parent_id: str | None
+           ) -> EnteredSpan:
+    """Report ``instance.method``'s span entered with these arguments under ``parent_id``, as
+    LlamaIndex's ``dispatcher.span`` names and enters it."""
+    try:
+        bound = inspect.signature(getattr(instance, method)).bind_partial(**args)
+    except (TypeError, ValueError):
+        bound = _NO_ARGS
+    entered = EnteredSpan(f"{type(instance).__name__}.{method}-{uuid.uuid4()}", bound, dispatcher)
+    tags = active_instrument_tags.get() if active_instrument_tags is not None else None
+    dispatcher.span_enter(id_=entered.id_, bound_args=bound, instance=instance, parent_id=parent_id, tags=tags)
+    return entered
+
+
+def _report_drop(dispatcher: Any, id_: str, bound_args: inspect.BoundArguments, instance: Any,
+                 error: BaseException) -> None:
+    """A span dropped with ``error``, as ``dispatcher.span`` reports it."""
+    dispatcher.event(SpanDropEvent(span_id=id_, err_str=str(error)))
+    dispatcher.span_drop(id_=id_, bound_args=bound_args, instance=instance, err=error)
+
+
 @contextlib.contextmanager
 def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping[str, Any]] = lambda values: {},
                  events: Any = None, result: Any = None) -> Iterator[Returned]:
@@ -525,14 +533,8 @@ def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping
         yield Returned(result)
         return
     known: Values = lambda ref: None  # noqa: E731  (nothing of a graph run: the args are literal)
-    try:
-        bound = inspect.signature(getattr(instance, method)).bind_partial(**args(known))
-    except (TypeError, ValueError):
-        bound = _NO_ARGS
-    id_ = f"{type(instance).__name__}.{method}-{uuid.uuid4()}"
-    tags = active_instrument_tags.get() if active_instrument_tags is not None else None
-    dispatcher.span_enter(id_=id_, bound_args=bound, instance=instance, parent_id=active_span_id.get(), tags=tags)
-    token = active_span_id.set(id_)
+    entered = _enter(dispatcher, instance, method, args(known), active_span_id.get())
+    token = active_span_id.set(entered.id_)
     returned = Returned(result)
     try:
         state = events.start(known) if events is not None else None
@@ -541,7 +543,7 @@ def instant_span(instance: Any, method: str, *, args: Callable[[Values], Mapping
             events.end(state, None, known)
     finally:
         active_span_id.reset(token)
-        dispatcher.span_exit(id_=id_, bound_args=bound, instance=instance, result=returned.result)
+        dispatcher.span_exit(id_=entered.id_, bound_args=entered.bound_args, instance=instance, result=returned.result)
 
 
 @dataclass
