@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import os
 import platform
-import random
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from .bound import IsolatingHandlers, trace_bound
 from .checkpoint import Checkpoint
 from .framework_events import EventRecorder
 from .load import poisson_summary
+from .load_bound import poisson_arrivals
 from .model_server import ModelServer, start_model_server
 
 
@@ -177,7 +177,6 @@ class Bench:
                        n: int, seed: int, slo_s: float) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=max(32, 2 * n)))
-        rng = random.Random(f"{seed}-{rate}")
         lat: list[float] = []
         ttft: list[float] = []
         errors: list[str] = []
@@ -193,19 +192,22 @@ class Bench:
                 errors.append(f"{q.id}: {type(exc).__name__}: {exc}")
 
         start = time.perf_counter()
-        tasks, t, first_arrival = [], 0.0, None
-        for i in range(n):
-            t += rng.expovariate(rate)
+        tasks, first_arrival = [], None
+        arrivals = poisson_arrivals(seed, rate, n)
+        offered = [queries[i % len(queries)] for i in range(n)]
+        for t, query in zip(arrivals, offered):
             await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
             first_arrival = first_arrival or time.perf_counter()
-            tasks.append(asyncio.create_task(one(queries[i % len(queries)])))
+            tasks.append(asyncio.create_task(one(query)))
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - (first_arrival or start)  # first arrival -> last completion
         good = sum(1 for x in lat if x <= slo_s)
         return {"system": system.name, "rate_qps": round(rate, 4), **metrics.latency_stats(lat),
                 "ttft": metrics.latency_stats(ttft) if ttft else None,
                 "throughput_qps": round(len(lat) / duration, 4), "goodput_qps": round(good / duration, 4),
-                "slo_s": round(slo_s, 3), "errors": errors}
+                "slo_s": round(slo_s, 3), "errors": errors,
+                # what bench.load_bound needs to say what any scheduler could do on these arrivals
+                "arrivals_s": [round(t, 4) for t in arrivals], "arrival_queries": [q.id for q in offered]}
 
     def poisson(self, app: BenchApp, queries: list[Query], capacity_qps: float, slo_s: float,
                 done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
