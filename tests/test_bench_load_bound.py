@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from teola_plugin.bench.load_bound import QueryWork, checked, load_bound, poisson_arrivals, sweep_bound
+from teola_plugin.bench.load import poisson_arrivals
+from teola_plugin.bench.load_bound import QueryWork, checked, load_bound, sweep_bound
 
 
 def _work(*seconds: float, own: float = 0.5) -> list[QueryWork]:
@@ -47,15 +48,15 @@ def test_a_bound_a_measurement_beat_is_not_kept():
 
 
 def test_arrivals_are_seeded_per_rate_and_a_sweep_without_recorded_ones_is_redrawn():
-    assert poisson_arrivals(0, 0.5, 4) == poisson_arrivals(0, 0.5, 4) != poisson_arrivals(0, 0.25, 4)
-    assert all(b > a for a, b in zip(poisson_arrivals(0, 0.5, 8), poisson_arrivals(0, 0.5, 8)[1:]))
+    assert poisson_arrivals(0.5, 4, 0) == poisson_arrivals(0.5, 4, 0) != poisson_arrivals(0.25, 4, 0)
+    assert all(b > a for a, b in zip(poisson_arrivals(0.5, 8, 0), poisson_arrivals(0.5, 8, 0)[1:]))
     app = {"systems": {"plain-concurrent": {"mean_s": 4.0}},
            "runs": [{"query": "q1"}, {"query": "q1"}, {"query": "q2"}],
            "bounds": [{"query": "q1", "hw_bound_s": 1.0, "group_work_s": {"cpu:host": 0.5}},
                       {"query": "q2", "hw_bound_s": 3.0, "group_work_s": {"cpu:host": 2.0}}]}
     row = {"rate_multiple": 2.0, "rate_qps": 0.5, "slo_s": 10.0}
     redrawn = sweep_bound(app, row, seed=0, n=4)
-    arrivals = poisson_arrivals(0, 2.0 * (1.0 / 4.0), 4)  # q1, q2, q1, q2: the runner's cycle
+    arrivals = poisson_arrivals(2.0 * (1.0 / 4.0), 4, 0)  # q1, q2, q1, q2: the runner's cycle
     expected = load_bound(arrivals, [QueryWork(1.0, {"cpu:host": 0.5}), QueryWork(3.0, {"cpu:host": 2.0})] * 2, 10.0)
     assert redrawn == expected
     recorded = {**row, "arrivals_s": [0.0, 0.1], "arrival_queries": ["q2", "q2"]}

@@ -245,16 +245,16 @@ def test_deployment_names_are_checked():
 
 
 def test_bench_arrivals_are_the_benchs_own():
-    """The Poisson sweep's arrival times, drawn as Bench._poisson draws them."""
+    """The Poisson sweep's arrival times, drawn as the benchmark's runner draws them."""
     import random
 
-    from teola_plugin.sim.calibration import bench_arrivals
+    from teola_plugin.bench.load import poisson_arrivals
 
     rng, t, expected = random.Random("0-0.25"), 0.0, []
     for _ in range(5):
         t += rng.expovariate(0.25)
         expected.append(t)
-    assert bench_arrivals(0.25, 5, 0) == expected
+    assert poisson_arrivals(0.25, 5, 0) == expected
 
 
 def test_the_published_simulation_is_what_the_code_computes_from_its_recorded_run():

@@ -1,5 +1,7 @@
 """What the open-loop Poisson sweeps say: where plain-concurrent saturates, both systems' p99
-and goodput there, and the offered rate at which each system's goodput peaks.
+and goodput there, and the offered rate at which each system's goodput peaks; and when each
+sweep's queries arrived (the runner's seeded draw, one definition for the runner, the load
+bound and the simulator's calibration).
 
 One sweep row per (system, offered rate), as ``BenchRunner.poisson_sweep`` writes it. The
 page reads this from the rows themselves, so results written before a field existed get it.
@@ -7,13 +9,47 @@ page reads this from the rows themselves, so results written before a field exis
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 # The systems' names as the sweep rows carry them (bench.apps names them too, but importing it
 # loads both frameworks, which the page and its tests need not)
 PLAIN = "plain-concurrent"
 TEOLA = "teola-full"
+
+
+def poisson_arrivals(rate_qps: float, n: int, seed: int) -> list[float]:
+    """A sweep's open-loop arrival times (seconds from its start), seeded per rate."""
+    rng, t, out = random.Random(f"{seed}-{rate_qps}"), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate_qps)
+        out.append(t)
+    return out
+
+
+@dataclass(frozen=True)
+class SweepArrivals:
+    """Which question arrived when (seconds from the sweep's start), in arrival order."""
+
+    arrivals_s: list[float]
+    queries: list[str]
+
+
+def sweep_arrivals(app: Mapping[str, Any], row: Mapping[str, Any], seed: int, n: int) -> SweepArrivals | None:
+    """The arrivals of one of ``app``'s sweep rows (results.json's shapes): recorded, or for rows
+    written before they were, the runner's draw redone: the measured questions in turn at
+    ``rate_multiple`` x 1 / plain-concurrent's mean, checked against the recorded rate."""
+    if "arrivals_s" in row:
+        return SweepArrivals(list(row["arrivals_s"]), list(row["arrival_queries"]))
+    unloaded = app.get("systems", {}).get("plain-concurrent", {}).get("mean_s")
+    measured = list(dict.fromkeys(r["query"] for r in app.get("runs", [])))
+    if not unloaded or not measured:
+        return None
+    rate = row["rate_multiple"] * (1.0 / unloaded)  # as BenchRunner.run_app offers it
+    if round(rate, 4) != row["rate_qps"]:
+        return None
+    return SweepArrivals(poisson_arrivals(rate, n, seed), [measured[i % len(measured)] for i in range(n)])
 
 
 @dataclass(frozen=True)

@@ -32,20 +32,12 @@ measurement: n answers over the arrivals' own span.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .load import sweep_arrivals
+
 PERCENTILE = 99
-
-
-def poisson_arrivals(seed: int, rate_qps: float, n: int) -> list[float]:
-    """The benchmark's open-loop arrival times (seconds from the sweep's start), seeded per rate."""
-    rng, t, out = random.Random(f"{seed}-{rate_qps}"), 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate_qps)
-        out.append(t)
-    return out
 
 
 @dataclass(frozen=True)
@@ -153,23 +145,11 @@ def load_bound(arrivals: Sequence[float], queries: Sequence[QueryWork], slo_s: f
 
 
 def sweep_bound(app: Mapping[str, Any], row: Mapping[str, Any], seed: int, n: int) -> LoadBound | None:
-    """The load bound of one of ``app``'s sweep rows (results.json's shapes): its recorded
-    arrivals, or for rows written before they were, the runner's draw at the row's rate
-    (offered at ``rate_multiple`` x 1 / plain-concurrent's mean, re-derived and checked against
-    the recorded rate); None without the questions' bounds."""
+    """The load bound of one of ``app``'s sweep rows (results.json's shapes) on its arrivals
+    (:func:`bench.load.sweep_arrivals`); None without them or the questions' bounds."""
     works = {b["query"]: QueryWork(b["hw_bound_s"], b.get("group_work_s") or {})
              for b in app.get("bounds", []) if b.get("hw_bound_s") is not None}
-    if "arrivals_s" in row:
-        arrivals, ids = row["arrivals_s"], row["arrival_queries"]
-    else:
-        unloaded = app.get("systems", {}).get("plain-concurrent", {}).get("mean_s")
-        measured = list(dict.fromkeys(r["query"] for r in app.get("runs", [])))
-        if not unloaded or not measured:
-            return None
-        rate = row["rate_multiple"] * (1.0 / unloaded)
-        if round(rate, 4) != row["rate_qps"]:
-            return None
-        arrivals, ids = poisson_arrivals(seed, rate, n), [measured[i % len(measured)] for i in range(n)]
-    if not arrivals or any(q not in works for q in ids):
+    sweep = sweep_arrivals(app, row, seed, n)
+    if sweep is None or not sweep.arrivals_s or any(q not in works for q in sweep.queries):
         return None
-    return load_bound(arrivals, [works[q] for q in ids], row["slo_s"])
+    return load_bound(sweep.arrivals_s, [works[q] for q in sweep.queries], row["slo_s"])

@@ -32,8 +32,7 @@ from ..sim.trace import recorded_query
 from .bound import IsolatingHandlers, trace_bound
 from .checkpoint import Checkpoint
 from .framework_events import EventRecorder
-from .load import poisson_summary
-from .load_bound import poisson_arrivals
+from .load import poisson_arrivals, poisson_summary
 from .model_server import ModelServer, start_model_server
 
 
@@ -193,7 +192,7 @@ class Bench:
 
         start = time.perf_counter()
         tasks, first_arrival = [], None
-        arrivals = poisson_arrivals(seed, rate, n)
+        arrivals = poisson_arrivals(rate, n, seed)
         offered = [queries[i % len(queries)] for i in range(n)]
         for t, query in zip(arrivals, offered):
             await asyncio.sleep(max(0.0, start + t - time.perf_counter()))

@@ -4,17 +4,17 @@
 sweeps) and traces.json (each question's graphs, run one primitive at a time, with each
 primitive's time alone). :func:`calibrate` simulates every system the run measured on
 those traces (closed loop for the per-question runs; the sweep's own arrival times,
-drawn as ``Bench._poisson`` draws them, for the load runs) and sets each prediction
+recorded or drawn again as the benchmark drew them, for the load runs) and sets each prediction
 beside its measurement. :func:`predict` moves the same traces to a :class:`Deployment`
 (GPU profiles, engines regrouped) and reports the speedup the simulator expects there.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..bench.load import poisson_arrivals, sweep_arrivals
 from ..bench.metrics import latency_stats
 from ..capture import app_graphs
 from ..optimizer.cost import CostModel
@@ -28,20 +28,10 @@ from .trace import QueryTrace, graph_trace
 HOST_GROUP = "cpu:host"
 
 
-def bench_arrivals(rate_qps: float, n: int, seed: int) -> list[float]:
-    """The arrival times ``Bench._poisson`` draws for a sweep (same generator and seed)."""
-    rng = random.Random(f"{seed}-{rate_qps}")
-    t, out = 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate_qps)
-        out.append(t)
-    return out
-
-
 def bench_sweep(recorded: Sequence[QueryTrace], rate_qps: float, n: int,
                 seed: int) -> tuple[list[QueryTrace], list[float]]:
-    """A Poisson sweep as ``Bench._poisson`` runs it: the questions in turn, at its arrival times."""
-    return [recorded[i % len(recorded)] for i in range(n)], bench_arrivals(rate_qps, n, seed)
+    """A Poisson sweep as the benchmark offers one: the questions in turn, at its arrival times."""
+    return [recorded[i % len(recorded)] for i in range(n)], poisson_arrivals(rate_qps, n, seed)
 
 
 def host_traces(traces: Sequence[QueryTrace], compute_groups: Mapping[str, str]) -> list[QueryTrace]:
@@ -93,17 +83,17 @@ def calibrate(results: Mapping[str, Any], traces: Mapping[str, list[QueryTrace]]
             predicted = simulate([by_id[r["query"]] for r in runs], durations, SYSTEMS[system])
             rows[system] = _row([p.latency_s for p in predicted], [r["latency_s"] for r in runs])
         sweeps = []
-        capacity = app.get("systems", {}).get("plain-concurrent", {}).get("mean_s")
         for sweep in app.get("poisson") or []:
-            if sweep["system"] not in SYSTEMS or not capacity or sweep.get("errors"):
+            arrived = sweep_arrivals(app, sweep, int(config.get("seed", 0)),
+                                     int(config.get("poisson_queries", sweep["n"])))
+            if (sweep["system"] not in SYSTEMS or sweep.get("errors") or arrived is None
+                    or any(q not in by_id for q in arrived.queries)):
                 continue
-            rate = sweep["rate_multiple"] * (1.0 / capacity)  # as Bench.run_app computed it
-            order, arrivals = bench_sweep(recorded, rate, int(config.get("poisson_queries", sweep["n"])),
-                                          int(config.get("seed", 0)))
-            predicted = simulate(order, durations, SYSTEMS[sweep["system"]], arrivals)
+            predicted = simulate([by_id[q] for q in arrived.queries], durations, SYSTEMS[sweep["system"]],
+                                 arrived.arrivals_s)
             lat = latency_stats([p.latency_s for p in predicted])
             sweeps.append({"system": sweep["system"], "rate_multiple": sweep["rate_multiple"],
-                           "rate_qps": round(rate, 4), "predicted_mean_s": lat["mean_s"],
+                           "rate_qps": sweep["rate_qps"], "predicted_mean_s": lat["mean_s"],
                            "measured_mean_s": sweep["mean_s"], "predicted_p99_s": lat["p99_s"],
                            "measured_p99_s": sweep["p99_s"], "error_mean": _error(lat["mean_s"], sweep["mean_s"]),
                            "error_p99": _error(lat["p99_s"], sweep["p99_s"])})
