@@ -340,25 +340,25 @@ class ChromaVectorStore(Engine):
         removed again.
         """
         self._require_started()
-        async with self._write_lock:
-            parsed = []
-            for i, r in enumerate(requests):
-                parsed.append(await asyncio.to_thread(self._check_insert, r, f"insert request {i}"))
-            groups: dict[str, list[int]] = {}
-            for i, p in enumerate(parsed):
-                groups.setdefault(p[1], []).append(i)
-            for index, members in groups.items():
-                seen: set[str] = set()
-                for i in members:
-                    clash = seen.intersection(parsed[i][2])
-                    if clash:
-                        raise EngineInputError(f"insert request {i}: ids also inserted by another request: {sorted(clash)[:5]}")
-                    seen.update(parsed[i][2])
-                coll = parsed[members[0]][0]
-                existing = await asyncio.to_thread(self._existing_ids, coll, sorted(seen))
-                if existing:
-                    raise EngineInputError(f"ids already in index {index!r}: {sorted(existing)[:5]}")
-            await asyncio.to_thread(self._write, parsed, groups)
+        async with self._write_lock:  # one thread hop for the checks and the write: calls are short
+            return await asyncio.to_thread(self._insert_all, requests)
+
+    def _insert_all(self, requests: list[dict[str, Any]]) -> list[int]:
+        parsed = [self._check_insert(r, f"insert request {i}") for i, r in enumerate(requests)]
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(parsed):
+            groups.setdefault(p[1], []).append(i)
+        for index, members in groups.items():
+            seen: set[str] = set()
+            for i in members:
+                clash = seen.intersection(parsed[i][2])
+                if clash:
+                    raise EngineInputError(f"insert request {i}: ids also inserted by another request: {sorted(clash)[:5]}")
+                seen.update(parsed[i][2])
+            existing = self._existing_ids(parsed[members[0]][0], sorted(seen))
+            if existing:
+                raise EngineInputError(f"ids already in index {index!r}: {sorted(existing)[:5]}")
+        self._write(parsed, groups)
         return [len(p[2]) for p in parsed]
 
     def _existing_ids(self, coll: Any, ids: list[str]) -> list[str]:
@@ -414,7 +414,9 @@ class ChromaVectorStore(Engine):
             k = r.get("k", 10)
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise EngineInputError(f"{where} k must be a positive int, got {k!r}")
-            coll, dim = await asyncio.to_thread(self._lookup, r["index"])
+            # a known index is a dict hit; only an index this engine has not opened yet asks chromadb
+            known = self._indexes.get(r["index"]) if isinstance(r["index"], str) else None
+            coll, dim = known or await asyncio.to_thread(self._lookup, r["index"])
             parsed.append((coll, r["index"], self._check_vectors(r["vectors"], dim, r["index"], where), k))
         groups: dict[tuple[str, int], list[int]] = {}
         for i, p in enumerate(parsed):
@@ -433,10 +435,9 @@ class ChromaVectorStore(Engine):
 
     @staticmethod
     def _query(coll: Any, vecs: np.ndarray, k: int) -> list[list[Hit]]:
-        n = coll.count()
-        if n == 0:
-            return [[] for _ in range(len(vecs))]
-        res = coll.query(query_embeddings=vecs, n_results=min(k, n), include=["documents", "metadatas", "distances"])
+        # chromadb (>= 1.5) answers k beyond the index size with all it has, and an empty index
+        # with empty lists: no count() round trip per search
+        res = coll.query(query_embeddings=vecs, n_results=k, include=["documents", "metadatas", "distances"])
         out = []
         for ids, docs, metas, dists in zip(res["ids"], res["documents"], res["metadatas"], res["distances"]):
             out.append(
