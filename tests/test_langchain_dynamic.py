@@ -99,7 +99,11 @@ def test_map_answers_each_sub_question_with_its_own_sub_graph(runtime, llm, chat
     plan = fast._plan(x)
     (region,) = [p for p in plan.graph if p.attrs.get("stream_from")]
     assert plan.graph[region.attrs["stream_from"]].attrs["stream_items"]
-    assert "Opaque components" in fast.explain(x) and "LineListOutputParser" not in fast.explain(x)
+    explained = fast.explain(x)
+    assert "Opaque components" in explained and "LineListOutputParser" not in explained
+    steps = explained.split("Data-dependent steps (sub-graph built at run time, optimized the same way):\n")[1]
+    assert steps.startswith(f"  - {region.name} (RunnableEach<RunnableSequence>): expands at run time into one "
+                            "sub-graph per line, each started as its line is decoded, lowered and optimized")
 
 
 def test_map_elements_share_engine_batches(runtime, chat, engine_prompts):
@@ -159,6 +163,11 @@ def test_branch_runs_the_branch_its_conditions_choose(runtime, llm, chat, engine
                             RunnableLambda(lambda x: "no branch for " + x["question"]))
     chain = {"question": RunnablePassthrough()} | branch
     fast = TeolaRunnable(chain, runtime=runtime)
+    # nothing opaque, and the branch a step whose sub-graph its conditions choose when it runs
+    explained = fast.explain(QUESTIONS[1])
+    assert "Opaque components: none" in explained
+    assert ("  - branch (RunnableBranch): expands at run time into the branch its conditions' own code "
+            "chooses, lowered and optimized") in explained
     answered_by_a_model = []
     for q in (QUESTIONS[1], QUESTIONS[3], QUESTIONS[2]):
         engine_prompts.clear()

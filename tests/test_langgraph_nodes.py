@@ -84,7 +84,10 @@ def test_a_graphs_chain_nodes_run_lowered_with_plains_requests_and_state(recordi
     assert bodies(recording_proxy.take()) == plain_bodies
     assert relayed(served_runtime) == relayed_before  # sent as lowered calls, not relayed
     assert graph_runs(served_runtime) - runs_before == 2  # each node's chain: its own graph run
-    assert "run as their own optimized graphs" in fast.explain(state)
+    explained = fast.explain(state)
+    assert "run as their own optimized graphs" in explained
+    assert ("a LangGraph graph, run as LangGraph runs it (nodes, edges, state, checkpoints); chain nodes: answer; "
+            "function nodes: summarize") in explained
 
     async_graph = qa_graph(chat_openai(recording_proxy.base_url, max_tokens=16), node_async=True)
     fast_async = TeolaRunnable(async_graph, runtime=served_runtime)

@@ -97,6 +97,8 @@ def test_chat_engine_explain_and_bad_input(squad_index, executor, model_server):
             "for the model" in explained)
     with pytest.raises(TypeError, match="executor.chat"):
         executor.query(engine, TURNS[0])
+    with pytest.raises(TypeError, match="has no graph of its own to trace: .* executor.explain"):
+        executor.trace(engine)
     with pytest.raises(TypeError, match="chat takes a BaseChatEngine"):
         executor.chat(squad_index.as_query_engine(llm=llm), TURNS[0])
 
@@ -165,7 +167,10 @@ def test_explain_of_a_workflow_says_how_it_runs():
 
     runtime = Runtime({}, hosting="local")
     try:
-        text = TeolaExecutor(runtime, start_engines=False).explain(Echo())
+        executor = TeolaExecutor(runtime, start_engines=False)
+        text = executor.explain(Echo())
+        with pytest.raises(TypeError, match="Echo has no graph of its own to trace"):
+            executor.trace(Echo())
     finally:
         runtime.shutdown()
     assert text.startswith("TeolaExecutor plan for Echo") and "runs its steps as LlamaIndex does" in text

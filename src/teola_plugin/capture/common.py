@@ -34,6 +34,10 @@ class ComponentNote:
         return f"{self.node} ({self.component}): {self.reason}"
 
 
+# explain()'s heading over Trace.expanding, in both frameworks
+EXPANDING_HEADER = "Data-dependent steps (sub-graph built at run time, optimized the same way):"
+
+
 @dataclass
 class Trace:
     """A traced app: its graph, what explain() says about its components, and the engines
@@ -47,3 +51,8 @@ class Trace:
     def opaque(self) -> list[ComponentNote]:
         """The components that run unchanged, as one opaque step each."""
         return [n for n in self.notes if n.kind == "opaque"]
+
+    @property
+    def expanding(self) -> list[ComponentNote]:
+        """The steps whose sub-graph is built when they run (it depends on their input)."""
+        return [n for n in self.notes if n.kind == "expands"]

@@ -18,6 +18,7 @@ from langchain_core.runnables.config import ensure_config
 from ..capture.langchain import InputLayout, LangChainTrace, trace_runnable
 from ..capture.langchain.rules.callbacks import streams_llm_calls
 from ..capture.langchain.run_scopes import binding_config
+from ..capture.common import EXPANDING_HEADER
 from ..capture.langchain.tracer import FIELD_OUTPUT, SubPlan, text_tokens
 from ..capture.opaque_warnings import probing
 from ..capture.vllm_identity import ServedModel
@@ -102,6 +103,9 @@ class ExecutionPlan:
             lines += [EXPLAIN_ROUTED, EXPLAIN_CALLED]
         else:
             lines.append("Opaque components: none (every component was lowered to primitives)")
+        if self.trace.expanding:
+            lines.append(EXPANDING_HEADER)
+            lines += [f"  - {note}" for note in self.trace.expanding]
         return "\n".join(lines) + "\n"
 
 

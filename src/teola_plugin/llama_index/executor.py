@@ -35,7 +35,7 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.chat_engine.types import BaseChatEngine
 from llama_index.core.schema import QueryBundle
 
-from ..capture.common import Trace
+from ..capture.common import EXPANDING_HEADER, Trace
 from ..capture.llama_index import SUPPORTED, NotLowerable, TraceContext, TracedApp, framework_passthrough, trace
 from ..capture.llama_index_models import embedder_engine_for, llm_call_spec
 from ..capture.llama_index_served import is_served_llm
@@ -183,6 +183,10 @@ class TeolaExecutor:
 
     def traced(self, target: Any, *, join_ingestion: bool = True) -> TracedApp:
         """The trace with its bookkeeping (bound inputs, the engines it needs, notes)."""
+        if isinstance(target, BaseChatEngine) or _is_workflow(target):
+            raise TypeError(f"{type(target).__name__} has no graph of its own to trace: it runs its own code "
+                            "(memory, prompts, steps) and the query engines, retrievers and models it calls are "
+                            "lowered as it calls them; executor.explain() on it says which")
         ctx = self._trace_context()
         if not join_ingestion:  # a copy: the shared context may be tracing in another thread
             ctx = dataclasses.replace(ctx, join_ingestion=False)
@@ -210,10 +214,9 @@ class TeolaExecutor:
         lines.append("Opaque components (run unchanged by LlamaIndex's own code):" if opaque
                      else "Opaque components: none")
         lines += [f"  - {note}" for note in opaque] + ([EXPLAIN_ROUTED] if opaque else [])
-        expanding = [n for n in app.notes if n.kind == "expands"]
-        if expanding:
-            lines.append("Data-dependent steps (sub-graph built at run time, optimized the same way):")
-            lines += [f"  - {note}" for note in expanding]
+        if app.expanding:
+            lines.append(EXPANDING_HEADER)
+            lines += [f"  - {note}" for note in app.expanding]
         ingestion = [n for n in app.notes if n.kind == "ingestion"]
         if ingestion:
             lines.append("Document ingestion (how each index searched here stored its documents):")

@@ -184,6 +184,23 @@ def component_name(runnable: Any) -> str:
     return get_name() if callable(get_name) else type(runnable).__name__
 
 
+def _no_rule_reason(runnable: Any) -> str:
+    """Why a component without a lowering rule runs as it is; for a LangGraph graph, which of
+    its nodes are chains (each run as its own optimized graph when the graph calls it) and
+    which are functions (the chains they call run so)."""
+    nodes = getattr(runnable, "nodes", None)
+    if not type(runnable).__module__.startswith("langgraph.") or not isinstance(nodes, Mapping):
+        return f"no lowering rule for {type(runnable).__name__}"
+    kinds: dict[str, list[str]] = {"chain": [], "function": []}
+    for name, node in nodes.items():
+        if not name.startswith("__"):  # LangGraph's own entry node
+            bound = getattr(node, "bound", None)
+            kinds["function" if type(bound).__name__ == "RunnableCallable" else "chain"].append(name)
+    listed = "; ".join(f"{kind} nodes: {', '.join(names)}" for kind, names in kinds.items() if names)
+    return (f"a LangGraph graph, run as LangGraph runs it (nodes, edges, state, checkpoints)"
+            + (f"; {listed}" if listed else ""))
+
+
 def _node_base(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_") or "component"
 
@@ -296,7 +313,7 @@ class LangChainTracer:
         rule = rule_for(type(runnable))
         try:
             if rule is None:
-                out = self.opaque_call(runnable, value, f"no lowering rule for {type(runnable).__name__}")
+                out = self.opaque_call(runnable, value, _no_rule_reason(runnable))
             else:
                 try:
                     out = rule(self, runnable, value)
@@ -332,6 +349,11 @@ class LangChainTracer:
         """Record (for explain) and log (once per type) a component that runs unchanged."""
         self.notes.append(ComponentNote(node, component_name(runnable), "opaque", reason))
         warn_opaque_once(runnable, reason)
+
+    def note_expands(self, runnable: Any, prim: Primitive) -> None:
+        """Record (for explain) a step whose sub-graph is built when it runs: ``prim.attrs["expands"]``."""
+        self.notes.append(ComponentNote(prim.name, component_name(runnable), "expands",
+                                        f"expands at run time into {prim.attrs['expands']}, lowered and optimized"))
 
     def materialise(self, value: Value) -> Ref:
         """The run-time value of ``value`` as one ref (building dicts / messages / prompts)."""

@@ -106,7 +106,9 @@ def lower_each(t: LangChainTracer, each: RunnableEachBase, value: Value) -> Valu
         return await expand_each(planner, bound, list(input), origin)
 
     prim = t.add(Op.OPAQUE, name="each", inputs={"input": ref}, outputs=[OUT], origin=origin,
-                 attrs={"fn": run_each, "expands": "one sub-graph per element", "expands_into": (bound,)})
+                 attrs={"fn": run_each, "expands": "one sub-graph per element, all started at once",
+                        "expands_into": (bound,)})
+    t.note_expands(each, prim)
     return Traced(prim.out(OUT))
 
 
@@ -129,7 +131,9 @@ def _lower_pipelined_each(t: LangChainTracer, each: RunnableEachBase, value: Tra
     per_line = t.graph.add(Op.OPAQUE, name=t.graph.unique_name("each_line"), inputs={"items": items},
                            outputs=[OUT], origin=origin,
                            attrs={"fn": run_line, "stream_from": decode, "item_outputs": (OUT,),
+                                  "expands": "one sub-graph per line, each started as its line is decoded",
                                   "expands_into": (bound,)})
+    t.note_expands(each, per_line)
 
     async def finish(answers: list[Any], items: list[str], elements: list[str]) -> Any:
         if list(elements) == list(items):
@@ -160,8 +164,9 @@ def lower_branch(t: LangChainTracer, branch: RunnableBranch, value: Value) -> Va
                          observer=plan.observer)  # str deltas only
 
     prim = t.add(Op.OPAQUE, name="branch", inputs={"input": ref}, outputs=[RESULT], origin=origin,
-                 attrs={"fn": run_branch, "expands": "the chosen branch",
+                 attrs={"fn": run_branch, "expands": "the branch its conditions' own code chooses",
                         "expands_into": (*(runnable for _, runnable in cases), default)})
+    t.note_expands(branch, prim)
     # The chosen branch's final decode streams when this node's output is what streams.
     return Traced(prim.out(RESULT), tokens_from=prim.name)
 

@@ -76,6 +76,7 @@ def lower_llm_compressor(t: LangChainTracer, compressor: Any, docs: Ref, query: 
     answers = t.add(Op.OPAQUE, name="ask_each_document", inputs={"docs": docs, "query": query}, outputs=[OUT],
                     origin=origin, attrs={"fn": ask_each, "expands": "one chain call per document",
                                           "expands_into": (chain,)})
+    t.note_expands(compressor, answers)
 
     async def compress(docs: list[Any], query: str, answers: list[Any]) -> list[Any]:
         if not docs:  # as ContextualCompressionRetriever: no call on no documents
