@@ -41,7 +41,7 @@ from .llama_index import (
     lowering_rule,
 )
 from .llama_index_embed_events import EmbedEvents
-from .llama_index_llm_events import CompleteEvents, reply_of
+from .llama_index_llm_events import CompleteEvents, return_reply
 from .llama_index_models import llm_call_spec
 from .llama_index_rules import check_vector_retriever, store_index
 from .llama_index_span_events import retrieve_events
@@ -93,9 +93,7 @@ def _generate_queries(tr: LlamaIndexTracer, fusion: QueryFusionRetriever, spec: 
         with inner_spans as inners:
             decode = emit_llm_call(tr.add, request, spec, origin, est_tokens, parse="lines",
                                    est_items=fusion.num_queries - 1)
-        for span in (outer, *inners):  # each returns the model's CompletionResponse
-            if span is not None:
-                span.result = reply_of(fusion._llm, False, decode)
+        return_reply(fusion._llm, False, decode, outer, *inners)  # each returns the model's CompletionResponse
         events = CompleteEvents.of(fusion._llm, prompt_text)
         if events is not None:  # the LLM's own events (not in module order: they wait only for what they report)
             events.add_steps(tr.graph, {"query": tr.query}, decode, origin)

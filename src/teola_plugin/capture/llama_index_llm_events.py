@@ -339,9 +339,15 @@ def model_reply(llm: Any, chat: bool, text: str, raw: Any, delta: str | None = N
     return CompletionResponse(text=text, raw=raw, delta=delta, additional_kwargs=extra)
 
 
-def reply_of(llm: Any, chat: bool, decode: Primitive) -> Any:
-    """A model span's result: the response to ``decode``'s call, from a run's values."""
-    return lambda values: model_reply(llm, chat, values(decode.out("text")), values(decode.out("response")))
+def return_reply(llm: Any, chat: bool, decode: Primitive, *model_spans: Any) -> None:
+    """The model's ``chat`` / ``complete`` spans of one call (None where plain opens none) exit
+    with the response to ``decode``'s call, built from the run's values."""
+    def reply(values: Any) -> ChatResponse | CompletionResponse:
+        return model_reply(llm, chat, values(decode.out("text")), values(decode.out("response")))
+
+    for span in model_spans:
+        if span is not None:
+            span.result = reply
 
 
 class CompleteEvents(LLMEvents):

@@ -45,7 +45,7 @@ from ..ir.ops import Op
 from ..ir.semantics import CHARS_PER_TOKEN
 from ..ir.expansion import Expansion
 from .llama_index import framework_call
-from .llama_index_llm_events import LLMEvents, reply_of
+from .llama_index_llm_events import LLMEvents, return_reply
 from .llama_index_span_events import GetResponseEvents
 from .llama_index_spans import SpanPlan, instant_span, model_call_spans, span_in_building
 from .llm_calls import emit_llm_call
@@ -456,9 +456,7 @@ def _returning(decode: Any, llm: Any, chat: bool, answer: Ref, program_span: Any
                *model_spans: Any) -> None:
     """The results plain's spans of one call exit with: the model's ``chat`` / ``complete`` its
     response, ``predict`` the answer, a refine program's ``__call__`` its structured response."""
-    for span in model_spans:
-        if span is not None:
-            span.result = reply_of(llm, chat, decode)
+    return_reply(llm, chat, decode, *model_spans)
     if predict_span is not None:
         predict_span.result = answer
     if program_span is not None:
